@@ -1,0 +1,42 @@
+"""key=value command-line arguments, typed through TrainConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from libreyolo.config import TrainConfig, unknown_key_message
+from libreyolo.errors import ConfigError
+
+
+def parse_kv(argv: list[str], allowed: set[str] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """['epochs=3', 'device=0,1'] -> {'epochs': 3, 'device': '0,1'}. Values are YAML-ish scalars; keys must
+    be TrainConfig keys (optionally restricted to `allowed`) or one of `extra` (name -> parser)."""
+    extra = extra or {}
+    valid = sorted((allowed if allowed is not None else set(TrainConfig.keys())) | set(extra))
+    out: dict[str, Any] = {}
+    for arg in argv:
+        if "=" not in arg:
+            raise ConfigError(f"argument {arg!r} is not key=value (for example epochs=10). See --help.")
+        key, value = arg.split("=", 1)
+        key = key.strip().lstrip("-").replace("-", "_")
+        if key not in valid:
+            raise ConfigError(unknown_key_message(key, valid))
+        if key in extra:
+            out[key] = extra[key](value)
+        else:
+            out[key] = TrainConfig.parse_value(key, _scalar(value))
+    return out
+
+
+def _scalar(v: str) -> Any:
+    """'0,1' stays a string (a device list); '[0, 1]' becomes a list; numbers and booleans stay text for the
+    typed parser, which knows what each key accepts."""
+    s = v.strip()
+    if s.startswith("[") and s.endswith("]"):
+        try:
+            return yaml.safe_load(s)
+        except yaml.YAMLError:
+            return s
+    return s

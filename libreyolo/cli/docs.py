@@ -1,0 +1,38 @@
+"""Generate docs/hyperparameters.md from TrainConfig: `python -m libreyolo.cli.docs > docs/hyperparameters.md`."""
+
+from __future__ import annotations
+
+from libreyolo.config import TrainConfig
+from libreyolo.data.shapes import DEMO_SETTINGS
+
+GROUPS = {
+    "run": "Run", "optim": "Optimisation", "loss": "Loss", "augment": "Augmentation",
+    "speed": "Performance", "profile": "Profiler", "val": "Validation and prediction",
+}
+
+
+def hyperparameters_markdown() -> str:
+    lines = [
+        "# Hyperparameters",
+        "",
+        "Every key of `libreyolo train key=value` and `LibreYOLO(...).train(key=value)`, generated from",
+        "`libreyolo/config.py` (`TrainConfig`). A family may override a default (YOLOv9: `amp=true`).",
+        "The built-in dataset (`data=shapes`) suggests "
+        + " ".join(f"`{k}={v}`" for k, v in DEMO_SETTINGS.items())
+        + " for each of those keys you do not set.",
+        "",
+    ]
+    group = None
+    for key, default, help_, grp in TrainConfig.spec():
+        if grp != group:
+            if group is not None:
+                lines.append("")
+            group = grp
+            lines += [f"## {GROUPS.get(grp, grp)}", "", "| key | default | meaning |", "| --- | --- | --- |"]
+        lines.append(f"| `{key}` | `{default}` | {help_} |")
+    lines += ["", "Python only: `callbacks=[fn, ...]`, callables that receive every event (see events.md).", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(hyperparameters_markdown(), end="")

@@ -1,0 +1,56 @@
+"""`libreyolo` command: train, val, predict, profile, bench, data."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from rich.console import Console
+from rich.markup import escape
+
+from libreyolo.errors import LibreYOLOError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("libreyolo.cli.train", "train a model (no arguments: LibreYOLO9t on the built-in dataset)"),
+    "val": ("libreyolo.cli.val", "validate a checkpoint on a dataset: mAP50, mAP50-95, precision, recall"),
+    "predict": ("libreyolo.cli.predict", "detect objects in images"),
+}
+
+USAGE = "usage: libreyolo COMMAND [key=value ...]   (libreyolo COMMAND --help for its keys)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    console = Console(stderr=True, highlight=False)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        console.print(USAGE + "\n\ncommands:", markup=False)
+        for name, (_, help_) in COMMANDS.items():
+            console.print(f"  {name:<9} {help_}")
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from libreyolo import __version__
+
+        print(__version__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        import difflib
+
+        near = difflib.get_close_matches(cmd, list(COMMANDS), n=1)
+        console.print(f"[red]error:[/] unknown command {cmd!r}" + (f"; did you mean {near[0]!r}?" if near else "") + f"\n{escape(USAGE)}")
+        return 2
+    import importlib
+
+    run: Callable[[list[str]], int] = importlib.import_module(COMMANDS[cmd][0]).run
+    try:
+        return run(rest)
+    except LibreYOLOError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""libreyolo predict model=... source=img.jpg [conf=0.25 iou=0.7 imgsz= device= save=false json=false]"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+
+from libreyolo.cli.args import parse_kv
+from libreyolo.cli.help import show_help
+from libreyolo.engine.rundir import increment_run_dir
+
+KEYS = {"model", "imgsz", "device", "conf", "iou", "max_det", "project", "name"}
+
+
+def _flag(v: str) -> bool:
+    return v.lower() in ("1", "true", "yes", "on")
+
+
+def run(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        return show_help("predict", KEYS, {"source": "image, folder of images, or a comma-free list", "save": "write annotated images to runs/predict/exp", "json": "print detections as JSON lines"})
+    kw = parse_kv(argv, KEYS, {"source": str, "save": _flag, "json": _flag})
+    from libreyolo import LibreYOLO
+    from libreyolo.errors import ConfigError
+
+    if "source" not in kw:
+        raise ConfigError("predict needs source=PATH (an image or a folder of images)")
+    model = LibreYOLO(kw.pop("model", "LibreYOLO9t"))
+    save, as_json = kw.pop("save", False), kw.pop("json", False)
+    out_dir = increment_run_dir(kw.pop("project", "runs/predict"), kw.pop("name", "exp"), False) if save else None
+    kw.setdefault("conf", 0.25)
+    results = model.predict(kw.pop("source"), **kw)
+    for r in results:
+        dets = r.to_list()
+        if as_json:
+            print(json.dumps({"path": r.path, "detections": dets}))
+        else:
+            summary = ", ".join(f"{d['name']} {d['score']:.2f}" for d in dets) or "nothing"
+            print(f"{r.path}: {summary}")
+        if out_dir is not None:
+            img = cv2.cvtColor(r.image, cv2.COLOR_RGB2BGR)
+            for d in dets:
+                x1, y1, x2, y2 = (int(v) for v in d["box"])
+                cv2.rectangle(img, (x1, y1), (x2, y2), (0, 255, 0), 2)
+                cv2.putText(img, f"{d['name']} {d['score']:.2f}", (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 255, 0), 1)
+            cv2.imwrite(str(out_dir / Path(r.path or "image.jpg").name), img)
+    if out_dir is not None:
+        print(f"saved to {out_dir}")
+    return 0

@@ -1,0 +1,36 @@
+"""libreyolo val model=... data=... [imgsz= batch= device= conf= iou=]"""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from libreyolo.cli.args import parse_kv
+from libreyolo.cli.help import show_help
+from libreyolo.eval.run import VAL_KEYS
+
+KEYS = VAL_KEYS | {"model", "data"}
+
+
+def run(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        return show_help("val", KEYS, {"split": "val (default) or test", "json": "print the metrics as JSON"})
+    kw = parse_kv(argv, KEYS, {"split": str, "json": lambda v: v.lower() in ("1", "true", "yes")})
+    from libreyolo import LibreYOLO
+
+    as_json = kw.pop("json", False)
+    model = LibreYOLO(kw.pop("model", "LibreYOLO9t"))
+    m = model.val(kw.pop("data", "shapes"), **kw)
+    if as_json:
+        print(json.dumps({k: m[k] for k in ("precision", "recall", "map50", "map", "losses", "images", "skipped")}))
+        return 0
+    t = Table(title=f"{model.model_name} on {m['images']} images")
+    for c in ("P", "R", "mAP50", "mAP50-95"):
+        t.add_column(c, justify="right")
+    t.add_row(*(f"{m[k]:.4f}" for k in ("precision", "recall", "map50", "map")))
+    Console().print(t)
+    for f in m["skipped"]:
+        Console(stderr=True).print(f"[yellow]skipped[/] {f}")
+    return 0

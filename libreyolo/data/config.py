@@ -1,0 +1,132 @@
+"""Dataset yaml: `path`, `train`, `val`, optional `test`, `names` (list or dict), optional `nc`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from libreyolo.data.shapes import DEMO_SETTINGS, builtin_shapes_yaml
+from libreyolo.errors import DataError
+
+IMG_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class DataConfig:
+    yaml_path: Path
+    root: Path
+    names: list[str]
+    train: list[Path]
+    val: list[Path]
+    test: list[Path] = field(default_factory=list)
+    # training defaults a built-in dataset suggests (applied only to keys the user did not set)
+    suggested: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nc(self) -> int:
+        return len(self.names)
+
+
+def load_data_config(data: str | os.PathLike) -> DataConfig:
+    """Read and check a dataset yaml; `shapes` (or `shapes.yaml` absent on disk) is the built-in dataset."""
+    s = str(data)
+    if s in ("shapes", "shapes.yaml") and not Path(s).is_file():
+        cfg = load_data_config(builtin_shapes_yaml())
+        cfg.suggested = dict(DEMO_SETTINGS)
+        return cfg
+    path = Path(s).expanduser()
+    if not path.is_file():
+        raise DataError(f"dataset yaml {path} does not exist. Pass data=PATH/TO/dataset.yaml, or data=shapes for the built-in dataset.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise DataError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected a mapping with keys path, train, val, names")
+    root = Path(raw.get("path") or path.parent).expanduser()
+    if not root.is_absolute():
+        # relative `path` is relative to the yaml's folder (then to the working directory, as Ultralytics does)
+        root = (path.parent / root) if (path.parent / root).exists() else root.resolve()
+    names = _names(raw, path)
+    for key in ("train", "val"):
+        if not raw.get(key):
+            raise DataError(f"{path}: key {key!r} is missing; it names a folder of images, a .txt list of images, or a list of either")
+    return DataConfig(
+        yaml_path=path,
+        root=root,
+        names=names,
+        train=_sources(raw["train"], root, path, "train"),
+        val=_sources(raw["val"], root, path, "val"),
+        test=_sources(raw["test"], root, path, "test") if raw.get("test") else [],
+    )
+
+
+def _names(raw: dict, path: Path) -> list[str]:
+    names = raw.get("names")
+    nc = raw.get("nc")
+    if names is None:
+        if isinstance(nc, int) and nc > 0:
+            return [f"class{i}" for i in range(nc)]
+        raise DataError(f"{path}: key 'names' is missing (a list of class names, or a dict {{0: name, ...}})")
+    if isinstance(names, dict):
+        try:
+            keys = sorted(int(k) for k in names)
+        except (TypeError, ValueError):
+            raise DataError(f"{path}: 'names' keys must be class indices 0..N-1") from None
+        if keys != list(range(len(keys))):
+            raise DataError(f"{path}: 'names' keys must be 0..{len(keys) - 1} without gaps, got {keys}")
+        names = [str(names[k] if k in names else names[str(k)]) for k in keys]
+    elif isinstance(names, list):
+        names = [str(n) for n in names]
+    else:
+        raise DataError(f"{path}: 'names' must be a list or a dict, got {type(names).__name__}")
+    if not names:
+        raise DataError(f"{path}: 'names' is empty")
+    if nc is not None and nc != len(names):
+        raise DataError(f"{path}: nc={nc} but 'names' has {len(names)} entries; make them agree (or drop nc)")
+    return names
+
+
+def _sources(value: Any, root: Path, path: Path, key: str) -> list[Path]:
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        p = Path(str(item)).expanduser()
+        p = p if p.is_absolute() else root / p
+        if not p.exists():
+            raise DataError(f"{path}: {key}: {p} does not exist (paths are relative to 'path': {root})")
+        out.append(p)
+    return out
+
+
+def list_images(sources: list[Path]) -> list[Path]:
+    """Image files of folders (recursive) and .txt lists, sorted for a stable order."""
+    files: list[Path] = []
+    for src in sources:
+        if src.is_dir():
+            files.extend(p for p in src.rglob("*") if p.suffix.lower() in IMG_EXTS)
+        elif src.suffix == ".txt":
+            base = src.parent
+            for line in src.read_text(encoding="utf-8").splitlines():
+                line = line.strip()
+                if line:
+                    p = Path(line)
+                    files.append(p if p.is_absolute() else (base / p))
+        elif src.suffix.lower() in IMG_EXTS:
+            files.append(src)
+    return sorted(set(files))
+
+
+def label_path(image: Path) -> Path:
+    """YOLO convention: .../images/.../x.jpg -> .../labels/.../x.txt (else beside the image)."""
+    parts = list(image.parts)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == "images":
+            parts[i] = "labels"
+            return Path(*parts).with_suffix(".txt")
+    return image.with_suffix(".txt")

@@ -1,0 +1,160 @@
+"""The detection dataset: decoded uint8 images and pixel boxes, augmented per (seed, epoch, index)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from libreyolo.data import augment as A
+from libreyolo.data.labels import LabelSet
+
+
+@dataclass
+class AugmentConfig:
+    mosaic: float = 1.0
+    degrees: float = 0.0
+    translate: float = 0.1
+    scale: float = 0.5
+    shear: float = 0.0
+    fliplr: float = 0.5
+    flipud: float = 0.0
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "AugmentConfig":
+        return cls(**{k: getattr(cfg, k) for k in cls.__dataclass_fields__})
+
+
+def read_image(path: str) -> np.ndarray | None:
+    """Decode to RGB uint8, or None if the file cannot be decoded."""
+    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    if img is None:
+        return None
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+class YOLODataset(Dataset):
+    """Index with an int (validation: letterbox only) or with (index, epoch, mosaic) from the train sampler."""
+
+    def __init__(self, labels: LabelSet, imgsz: int, augment: bool, hyp: AugmentConfig | None = None, seed: int = 0, image_source: Any = None):
+        self.labels, self.imgsz, self.augment, self.seed = labels, imgsz, augment, seed
+        self.hyp = hyp or AugmentConfig()
+        self.files = [str(f) for f in labels.files]
+        # optional RAM/disk cache of resized images (see data/cache.py); None reads files
+        self.image_source = image_source
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def load(self, i: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """Image resized so its long side is imgsz, and its boxes (class, x1, y1, x2, y2) in those pixels."""
+        img = self.image_source.get(i) if self.image_source is not None else None
+        if img is None:
+            img = read_image(self.files[i])
+            if img is None:
+                return None, np.zeros((0, 5), np.float32)
+            img = A.resize_long_side(img, self.imgsz)
+        h, w = img.shape[:2]
+        lab = self.labels.labels[i]
+        boxes = np.empty((len(lab), 5), np.float32)
+        boxes[:, 0] = lab[:, 0]
+        boxes[:, 1] = (lab[:, 1] - lab[:, 3] / 2) * w
+        boxes[:, 2] = (lab[:, 2] - lab[:, 4] / 2) * h
+        boxes[:, 3] = (lab[:, 1] + lab[:, 3] / 2) * w
+        boxes[:, 4] = (lab[:, 2] + lab[:, 4] / 2) * h
+        return img, boxes
+
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        if isinstance(key, tuple):
+            index, epoch, mosaic = key
+        else:
+            index, epoch, mosaic = int(key), 0, False
+        if not self.augment:
+            return self._val_item(index)
+        bad: list[str] = []
+        n = len(self)
+        for attempt in range(min(n, 10)):  # a corrupt image is replaced by its neighbour, and reported
+            i = (index + attempt) % n
+            rng = np.random.default_rng((self.seed, epoch, i))
+            try:
+                img, boxes = self._train_item(i, rng, mosaic)
+            except _Unreadable as e:
+                bad.append(e.path)
+                continue
+            return {"img": img, "boxes": boxes, "index": i, "bad": bad}
+        raise RuntimeError(f"10 consecutive images could not be decoded, starting at {self.files[index]}")
+
+    def _checked_load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        img, boxes = self.load(i)
+        if img is None:
+            raise _Unreadable(self.files[i])
+        return img, boxes
+
+    def _train_item(self, i: int, rng: np.random.Generator, mosaic: bool) -> tuple[np.ndarray, np.ndarray]:
+        h = self.hyp
+        if mosaic and h.mosaic > 0 and rng.random() < h.mosaic:
+            others = rng.integers(0, len(self), 3).tolist()
+            img, boxes = A.mosaic4(self._checked_load, [i, *others], self.imgsz, rng)
+        else:
+            img, boxes = self._checked_load(i)
+            img, r, (px, py) = A.letterbox(img, self.imgsz)
+            boxes[:, 1:] = boxes[:, 1:] * r + (px, py, px, py)
+        img, boxes = A.random_affine(img, boxes, rng, self.imgsz, h.degrees, h.translate, h.scale, h.shear)
+        A.augment_hsv(img, rng, h.hsv_h, h.hsv_s, h.hsv_v)
+        img = A.flip(img, boxes, rng, h.fliplr, h.flipud)
+        return img, boxes
+
+    def _val_item(self, i: int) -> dict[str, Any]:
+        img, boxes = self.load(i)
+        if img is None:
+            return {"img": None, "boxes": None, "index": i, "bad": [self.files[i]]}
+        resized_long = max(img.shape[:2])
+        img, r, (px, py) = A.letterbox(img, self.imgsz)
+        boxes[:, 1:] = boxes[:, 1:] * r + (px, py, px, py)
+        h0, w0 = self.labels.shapes[i]
+        # original pixels -> letterboxed pixels is x * scale + pad; predictions are mapped back with the inverse
+        scale = r * resized_long / max(h0, w0)
+        return {"img": img, "boxes": boxes, "index": i, "bad": [], "scale": scale, "pad": (px, py)}
+
+
+class _Unreadable(Exception):
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+
+def capacity(n: int, minimum: int = 4) -> int:
+    """Targets are padded per image to the next power of two, so shapes repeat from batch to batch."""
+    return max(minimum, 1 << max(0, n - 1).bit_length())
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """-> img (B, H, W, 3) uint8, targets (B, M, 5) float32, mask (B, M) bool, index (B,), and val extras."""
+    bad = [p for s in samples for p in s["bad"]]
+    samples = [s for s in samples if s["img"] is not None]
+    B = len(samples)
+    counts = [len(s["boxes"]) for s in samples]
+    M = capacity(max(counts, default=0))
+    targets = np.zeros((B, M, 5), np.float32)
+    mask = np.zeros((B, M), bool)
+    for k, (s, n) in enumerate(zip(samples, counts)):
+        targets[k, :n] = s["boxes"]
+        mask[k, :n] = True
+    batch = {
+        "img": torch.from_numpy(np.stack([s["img"] for s in samples])) if B else torch.zeros(0, 0, 0, 3, dtype=torch.uint8),
+        "targets": torch.from_numpy(targets),
+        "mask": torch.from_numpy(mask),
+        "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),
+        "bad": bad,
+    }
+    if samples and "scale" in samples[0]:
+        batch["scale"] = torch.tensor([s["scale"] for s in samples], dtype=torch.float32)
+        batch["pad"] = torch.tensor([s["pad"] for s in samples], dtype=torch.float32)
+    return batch

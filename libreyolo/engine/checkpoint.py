@@ -1,0 +1,53 @@
+"""Checkpoints: plain dicts of tensors and builtins, written atomically, loaded without executing code."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo.errors import CheckpointError
+
+FORMAT = "libreyolo.checkpoint/v1"
+
+
+def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write to a temporary file in the same folder, fsync, then rename: a reader (or a kill -9) never
+    sees a half-written checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a libreyolo checkpoint with torch.load(weights_only=True): no pickled code ever runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path} is not a libreyolo checkpoint: loading it would execute code stored in the file (Python pickle), "
+            f"which libreyolo refuses to do. Only checkpoints written by libreyolo (weights/last.pt, weights/best.pt) load. "
+            f"({str(e).splitlines()[0]})"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"{path} is corrupt or truncated and cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a libreyolo checkpoint (expected format {FORMAT!r})")
+    return obj

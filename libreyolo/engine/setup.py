@@ -1,0 +1,218 @@
+"""Everything a run needs before its first step: device, data, network, optimizer, AMP, run folder, event sinks."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from libreyolo import events as ev
+from libreyolo.config import TrainConfig
+from libreyolo.data.config import DataConfig, list_images, load_data_config
+from libreyolo.data.dataset import AugmentConfig, YOLODataset
+from libreyolo.data.labels import LabelSet, scan_labels
+from libreyolo.data.loader import TrainBatchSampler, default_workers, train_loader, val_loader
+from libreyolo.distributed.device import parse_device, torchrun_env
+from libreyolo.engine import optim
+from libreyolo.engine.amp import AmpPolicy, make_scaler, resolve_amp
+from libreyolo.engine.checkpoint import load_checkpoint
+from libreyolo.engine.ema import ModelEMA
+from libreyolo.engine.meters import LossMeter
+from libreyolo.engine.rundir import increment_run_dir, write_args
+from libreyolo.engine.state import seed_everything
+from libreyolo.engine.step import EagerStep
+from libreyolo.errors import CheckpointError, ConfigError, DataError
+from libreyolo.render import RichRenderer
+
+# settings a resumed run may change; everything else comes from the checkpoint so the run continues as it was
+RESUME_OVERRIDABLE = {"device", "workers", "log_interval"}
+
+
+@dataclass
+class TrainSetup:
+    cfg: TrainConfig
+    family: Any
+    size: str
+    names: list[str]
+    net: nn.Module
+    train_net: nn.Module
+    device: torch.device
+    amp: AmpPolicy
+    scaler: torch.amp.GradScaler
+    optimizer: torch.optim.Optimizer
+    optimizer_name: str
+    lr0: float
+    momentum: float
+    ema: ModelEMA | None
+    step: EagerStep
+    val_loss: Callable
+    train_loader: torch.utils.data.DataLoader
+    val_loader: torch.utils.data.DataLoader
+    sampler: TrainBatchSampler
+    batch_per_rank: int
+    accumulate: int
+    warmup_iters: int
+    workers: int
+    run_dir: Path
+    data: DataConfig
+    train_images: int
+    val_images: int
+    meter: LossMeter
+    sinks: list[Callable[[ev.Event], None]] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    start_epoch: int = 0
+    start_step: int = 0
+    resumed: bool = False
+    is_main: bool = True
+    world_size: int = 1
+    t_start: float = field(default_factory=time.time)
+
+    @property
+    def last_path(self) -> Path:
+        return self.run_dir / "weights" / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.run_dir / "weights" / "best.pt"
+
+    def scale_value(self) -> float | None:
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else None
+
+    def run_start_event(self) -> ev.RunStart:
+        c = self.cfg
+        return ev.RunStart(
+            run_dir=str(self.run_dir), model=f"{self.family.prefix}{self.size}", family=self.family.name, task=self.family.task,
+            nc=len(self.names), names=self.names, data=str(self.data.yaml_path), epochs=c.epochs, start_epoch=self.start_epoch,
+            batch=self.batch_per_rank * self.world_size, batch_per_rank=self.batch_per_rank, accumulate=self.accumulate,
+            world_size=self.world_size, imgsz=c.imgsz, device=str(self.device), amp=self.amp.enabled, amp_dtype=self.amp.dtype,
+            cuda_graph=str(c.cuda_graph).lower(), workers=self.workers,
+            optimizer=f"{self.optimizer_name}(lr={self.lr0:g}, momentum={self.momentum:g})", steps_per_epoch=self.sampler.batches_per_epoch(),
+            train_images=self.train_images, val_images=self.val_images, params=sum(p.numel() for p in self.net.parameters()),
+            pid=os.getpid(), resumed=self.resumed, config={k: v for k, v in c.to_dict().items()},
+        )
+
+    def close(self) -> None:
+        for fn in self.closers:
+            fn()
+
+
+def resolve_resume_path(cfg: TrainConfig) -> Path:
+    if isinstance(cfg.resume, str):
+        return Path(cfg.resume)
+    if cfg.model.endswith(".pt") and Path(cfg.model).name == "last.pt":
+        return Path(cfg.model)
+    runs = sorted(glob.glob(str(Path(cfg.project) / "*" / "weights" / "last.pt")), key=os.path.getmtime)
+    if not runs:
+        raise CheckpointError(f"resume=true but no {cfg.project}/*/weights/last.pt exists; pass resume=path/to/last.pt")
+    return Path(runs[-1])
+
+
+def _resume_config(trainer: Any) -> dict[str, Any]:
+    cfg = trainer.cfg
+    path = resolve_resume_path(cfg)
+    ckpt = load_checkpoint(path)
+    if "train" not in ckpt:
+        raise CheckpointError(f"{path} holds weights only (no train state); resume needs a run's weights/last.pt")
+    args = dict(ckpt["train_args"])
+    if ckpt["epoch"] >= args["epochs"]:
+        raise CheckpointError(f"{path} already finished all {args['epochs']} epochs; nothing to resume. Start a new run with model={path}")
+    args.update({k: getattr(cfg, k) for k in trainer.user_keys & RESUME_OVERRIDABLE})
+    args["resume"] = str(path)
+    trainer.cfg = TrainConfig.from_overrides(args)
+    trainer.cfg.callbacks = cfg.callbacks
+    trainer.model.load_record(ckpt)
+    return ckpt
+
+
+def _scan(data: DataConfig, split: str, nc: int, notes: list[str]) -> LabelSet:
+    sources = getattr(data, split)
+    images = list_images(sources)
+    if not images:
+        raise DataError(f"{data.yaml_path}: {split}: no images found in {', '.join(map(str, sources))}")
+    ls = scan_labels(images, nc)
+    for f, why in ls.skipped:
+        notes.append(f"{split}: skipped {f}: {why}")
+    if not len(ls):
+        raise DataError(f"{data.yaml_path}: {split}: none of the {len(images)} images is usable ({len(ls.skipped)} skipped; first: {ls.skipped[0][1]})")
+    return ls
+
+
+def build_setup(trainer: Any) -> TrainSetup:
+    ckpt = _resume_config(trainer) if trainer.cfg.resume else None
+    cfg: TrainConfig = trainer.cfg
+    env = torchrun_env()
+    kind, gpus = parse_device(cfg.device)
+    if len(gpus) > 1 and env is None:
+        raise ConfigError(f"device={cfg.device}: training on several GPUs is not available yet in this version; use one GPU (device=0)")
+    device = torch.device(f"cuda:{env['local_rank'] if env else gpus[0]}") if kind == "cuda" else torch.device(kind)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
+
+    data = load_data_config(cfg.data)
+    if ckpt is None:
+        for k, v in data.suggested.items():
+            if k not in trainer.user_keys:
+                setattr(cfg, k, TrainConfig.parse_value(k, v))
+    seed_everything(cfg.seed, cfg.deterministic)
+    notes: list[str] = []
+    train_ls, val_ls = _scan(data, "train", data.nc, notes), _scan(data, "val", data.nc, notes)
+
+    model = trainer.model
+    net = model.prepare_for_training(data.names, fresh=ckpt is None)
+    family = model.family
+    train_net = family.train_net(net, cfg).to(device)
+    if cfg.channels_last and device.type == "cuda":
+        train_net = train_net.to(memory_format=torch.channels_last)
+
+    batch = cfg.batch
+    if batch == -1:
+        notes.append(f"batch=-1 (autobatch) needs a CUDA device; using batch=16 on {device.type}")
+        batch = cfg.batch = 16
+    accumulate = max(round(cfg.nbs / batch), 1)
+    workers = cfg.workers if cfg.workers is not None else default_workers(batch, len(gpus) if kind == "cuda" else 0)
+    pin = device.type == "cuda"
+    train_ds = YOLODataset(train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed)
+    val_ds = YOLODataset(val_ls, cfg.imgsz, augment=False)
+    tl = train_loader(train_ds, batch, workers, cfg.seed, pin)
+    vl = val_loader(val_ds, min(batch * 2, 64), min(workers, 4), pin)
+    nb = tl.batch_sampler.batches_per_epoch()
+
+    iterations = math.ceil(len(train_ds) / max(batch, cfg.nbs)) * cfg.epochs
+    opt_name, lr0, momentum = optim.resolve_optimizer(cfg, data.nc, iterations)
+    decay = cfg.weight_decay * batch * accumulate / cfg.nbs
+    optimizer = optim.build_optimizer(train_net, opt_name, lr0, momentum, decay, device)
+    scaler = make_scaler(amp)
+    ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+    loss_fn = family.loss(net, cfg)
+    step = EagerStep(train_net, loss_fn, optimizer, scaler, ema, amp.autocast_dtype, cfg.grad_clip, float(batch))
+
+    run_dir = Path(ckpt["train"]["run_dir"]) if ckpt is not None else increment_run_dir(cfg.project, cfg.name, cfg.exist_ok)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "weights").mkdir(exist_ok=True)
+    write_args(run_dir, cfg.to_dict())
+
+    s = TrainSetup(
+        cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=train_net, device=device, amp=amp,
+        scaler=scaler, optimizer=optimizer, optimizer_name=opt_name, lr0=lr0, momentum=momentum, ema=ema, step=step, val_loss=family.loss(net, cfg),
+        train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch, accumulate=accumulate,
+        warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,
+        run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device), notes=notes,
+    )
+    writer = ev.EventWriter(run_dir / "events.jsonl")
+    renderer = RichRenderer()
+    s.sinks = [writer.write, renderer, *cfg.callbacks]
+    s.closers = [renderer.close, writer.close]
+    trainer.s = s
+    if ckpt is not None:
+        trainer.restore(ckpt)
+        s.start_epoch, s.start_step, s.resumed = trainer.epoch, trainer.step_in_epoch, True
+    return s

@@ -1,0 +1,61 @@
+"""What a checkpoint holds, and putting it back: weights for inference, plus the full train state in last.pt."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from libreyolo.engine.checkpoint import FORMAT
+
+
+def model_record(family: str, size: str, names: list[str], weights: dict[str, torch.Tensor], imgsz: int, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The part every checkpoint has: enough to rebuild the network and run it."""
+    from libreyolo import __version__
+
+    return {
+        "format": FORMAT,
+        "version": __version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "family": family,
+        "size": size,
+        "nc": len(names),
+        "names": list(names),
+        "imgsz": imgsz,
+        "model": {k: v.detach().cpu().clone() for k, v in weights.items()},
+        "train_args": dict(args or {}),
+    }
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": random.getstate(),
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True

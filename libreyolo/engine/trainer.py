@@ -1,0 +1,242 @@
+"""The one training loop. A step is data -> to_device -> forward -> loss -> backward -> optimizer -> ema."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo import events as ev
+from libreyolo.config import TrainConfig
+from libreyolo.engine import optim
+from libreyolo.engine.checkpoint import save_atomic
+from libreyolo.engine.meters import LossMeter, Throughput
+from libreyolo.engine.rundir import append_results
+from libreyolo.engine.setup import TrainSetup, build_setup
+from libreyolo.engine.state import model_record, restore_rng, rng_state
+from libreyolo.engine.step import NO_PHASES
+from libreyolo.eval.validator import to_input, validate
+
+HEARTBEAT_S = 10.0
+
+
+class Trainer:
+    def __init__(self, model: Any, cfg: TrainConfig, user_keys: set[str]):
+        self.model, self.cfg, self.user_keys = model, cfg, user_keys
+        self.phases = NO_PHASES  # the profiler swaps this for its window, then puts it back
+        self.best_fitness: float | None = None
+        self.best_metrics: dict[str, float] = {}
+        self.bad_files: set[str] = set()
+        self.epoch, self.step_in_epoch, self.epochs_done = 0, 0, 0
+        self.s: TrainSetup | None = None
+        self.after_step: Any = None  # optional callable(trainer) after every step (the profiler's window)
+        self.stop_requested: str | None = None  # a run status: the loop ends after the current step
+
+    # --- events -------------------------------------------------------------------------------------
+    def emit(self, event: ev.Event) -> None:
+        for cb in self.s.sinks if self.s else []:
+            cb(event)
+
+    # --- the run ------------------------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        t0 = time.time()
+        self.s = s = build_setup(self)
+        status = "failed"
+        try:
+            self.emit(s.run_start_event())
+            self.emit(ev.Amp(enabled=s.amp.enabled, dtype=s.amp.dtype, scaler=s.amp.scaler, scale=s.scale_value(), skipped_steps=0, epoch=None, reason=s.amp.reason))
+            for msg in s.notes:
+                self.emit(ev.WarningEvent(msg, code="setup"))
+            if not s.resumed:
+                self.save("last")
+            status = self._epochs()
+        except KeyboardInterrupt:
+            status = "interrupted"
+            self.save("last", kind="interrupt")
+            raise
+        except BaseException as e:
+            self.emit(ev.ErrorEvent(f"{type(e).__name__}: {e}", traceback.format_exc()))
+            raise
+        finally:
+            self.emit(ev.RunEnd(status=status, epochs_done=self.epochs_done, best_fitness=self.best_fitness,
+                                best=str(s.best_path) if s.best_path.exists() else None,
+                                last=str(s.last_path) if s.last_path.exists() else None,
+                                time_s=time.time() - t0, metrics=self.best_metrics))
+            s.close()
+        return self.best_metrics
+
+    def _epochs(self) -> str:
+        s, cfg = self.s, self.cfg
+        patience_left = cfg.patience or math.inf
+        for epoch in range(s.start_epoch, cfg.epochs):
+            self.epoch = epoch
+            start = s.start_step if epoch == s.start_epoch else 0
+            self._train_epoch(epoch, start)
+            if self.stop_requested:
+                return self.stop_requested
+            metrics = self._end_epoch(epoch)
+            self.epochs_done = epoch + 1
+            if metrics.get("improved"):
+                patience_left = cfg.patience or math.inf
+            else:
+                patience_left -= 1
+            if patience_left <= 0:
+                self.emit(ev.WarningEvent(f"early stop: no improvement in {cfg.patience} epochs (patience={cfg.patience})", code="patience"))
+                return "early_stop"
+        return "finished"
+
+    def _train_epoch(self, epoch: int, start: int) -> None:
+        s, cfg = self.s, self.cfg
+        mosaic = cfg.mosaic > 0 and epoch < cfg.epochs - cfg.no_aug_epochs
+        if not mosaic and epoch == cfg.epochs - cfg.no_aug_epochs and "on_mosaic_close" in s.family.hooks:
+            s.family.hooks["on_mosaic_close"](self)
+        s.sampler.set_epoch(epoch, mosaic, start)
+        nb = s.sampler.batches_per_epoch()
+        self.emit(ev.EpochStart(epoch=epoch, epochs=cfg.epochs, steps=nb, mosaic=mosaic))
+        s.train_net.train()
+        s.meter.reset()
+        self._epoch_t0 = time.time()
+        thr = Throughput()
+        last_event = last_beat = time.perf_counter()
+        it = iter(s.train_loader)
+        i = start
+        self.step_in_epoch = start
+        while True:
+            ph = self.phases
+            t = time.perf_counter()
+            with ph("data"):
+                batch = next(it, None)
+            if batch is None:
+                break
+            data_s = time.perf_counter() - t
+            self._note_bad(batch["bad"])
+            optim.apply_schedule(s.optimizer, cfg, epoch, epoch * nb + i, s.warmup_iters, s.momentum)
+            with ph("to_device"):
+                x = to_input(batch["img"], s.device, cfg.channels_last)
+                targets = batch["targets"].to(s.device, non_blocking=True)
+                mask = batch["mask"].to(s.device, non_blocking=True)
+            boundary = (i + 1) % s.accumulate == 0 or i == nb - 1
+            items = s.step(x, targets, mask, boundary, ph)
+            s.meter.add(items)
+            thr.add(x.shape[0], data_s)
+            i += 1
+            if boundary:
+                self.step_in_epoch = i
+            now = time.perf_counter()
+            if now - last_event >= cfg.log_interval or i == nb:
+                last_event = now
+                self._step_event(epoch, i, nb, start, thr)
+            if now - last_beat >= HEARTBEAT_S:
+                last_beat = now
+                self.emit(ev.Heartbeat(epoch=epoch, step=i, pid=os.getpid()))
+            if self.after_step is not None:
+                self.after_step(self)
+            if self.stop_requested:
+                break
+
+    def _step_event(self, epoch: int, i: int, nb: int, start: int, thr: Throughput) -> None:
+        s = self.s
+        s.meter.request()
+        losses = dict(zip(("box", "cls", "dfl"), s.meter.poll()))
+        done = (epoch - s.start_epoch) * nb + (i - start)
+        total = (self.cfg.epochs - s.start_epoch) * nb - start
+        eta = thr.step_ms / 1000 * (total - done)
+        mem = torch.cuda.memory_reserved(s.device) / 1e9 if s.device.type == "cuda" else 0.0
+        self.emit(ev.Step(epoch=epoch, step=i, steps=nb, losses=losses, lr=s.optimizer.param_groups[1]["lr"],
+                          img_s=thr.img_s * s.world_size, data_frac=thr.data_frac, step_ms=thr.step_ms, gpu_mem_gb=mem, eta_s=eta))
+
+    def _note_bad(self, paths: list[str]) -> None:
+        for p in paths:
+            if p not in self.bad_files:
+                self.bad_files.add(p)
+                self.emit(ev.WarningEvent(f"skipped unreadable image {p} (replaced by its neighbour in the batch)", code="bad_image"))
+
+    def _end_epoch(self, epoch: int) -> dict[str, Any]:
+        s, cfg = self.s, self.cfg
+        t_epoch = time.time()
+        losses = dict(zip(("box", "cls", "dfl"), s.meter.final()))
+        lrs = {f"pg{j}": g["lr"] for j, g in enumerate(s.optimizer.param_groups)}
+        metrics: dict[str, Any] = {}
+        fitness = None
+        if cfg.val or epoch == cfg.epochs - 1:
+            net = s.ema.ema if s.ema is not None else s.net
+            v = validate(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det, s.amp.autocast_dtype, cfg.channels_last)
+            self._note_bad(v["bad"])
+            self.emit(ev.Val(epoch=epoch, precision=v["precision"], recall=v["recall"], map50=v["map50"], map=v["map"], losses=v["losses"], images=v["images"], time_s=v["time_s"]))
+            fitness = 0.1 * v["map50"] + 0.9 * v["map"]
+            metrics = {"precision": v["precision"], "recall": v["recall"], "map50": v["map50"], "map": v["map"], "fitness": fitness}
+            append_results(s.run_dir / "results.csv", {
+                "epoch": epoch + 1, "time": round(time.time() - s.t_start, 1),
+                "train/box_loss": losses["box"], "train/cls_loss": losses["cls"], "train/dfl_loss": losses["dfl"],
+                "metrics/precision(B)": v["precision"], "metrics/recall(B)": v["recall"],
+                "metrics/mAP50(B)": v["map50"], "metrics/mAP50-95(B)": v["map"],
+                "val/box_loss": v["losses"]["box"], "val/cls_loss": v["losses"]["cls"], "val/dfl_loss": v["losses"]["dfl"],
+                **{f"lr/{k}": val for k, val in lrs.items()},
+            })
+        improved = fitness is not None and (self.best_fitness is None or fitness > self.best_fitness)
+        if improved:
+            self.best_fitness, self.best_metrics = fitness, metrics
+        self.epoch, self.step_in_epoch = epoch + 1, 0
+        self.save("last")
+        if improved:
+            self.save("best")
+        if cfg.save_period > 0 and (epoch + 1) % cfg.save_period == 0:
+            self.save("period", path=s.run_dir / "weights" / f"epoch{epoch + 1}.pt")
+        if s.amp.scaler:
+            skipped = int(s.step.skipped.item()) if s.step.skipped is not None else 0
+            s.step.skipped = None
+            self.emit(ev.Amp(enabled=True, dtype=s.amp.dtype, scaler=True, scale=s.scale_value(), skipped_steps=skipped, epoch=epoch,
+                             reason=f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, loss scale {s.scale_value():g}"))
+        if s.device.type == "cuda":
+            self.emit(ev.Vram(epoch=epoch, peak_allocated_mb=torch.cuda.max_memory_allocated(s.device) / 2**20,
+                              peak_reserved_mb=torch.cuda.max_memory_reserved(s.device) / 2**20, device=str(s.device)))
+            torch.cuda.reset_peak_memory_stats(s.device)
+        n_imgs = s.sampler.sampler.num_samples * s.world_size
+        self.emit(ev.EpochEnd(epoch=epoch, losses=losses, lr=lrs, time_s=time.time() - self._epoch_t0,
+                              img_s=n_imgs / max(t_epoch - self._epoch_t0, 1e-9), fitness=fitness, best_fitness=self.best_fitness,
+                              skipped_images=len(self.bad_files)))
+        return {**metrics, "improved": improved}
+
+    # --- checkpoints --------------------------------------------------------------------------------
+    def save(self, which: str, kind: str | None = None, path: Path | None = None) -> Path:
+        """which: last (full train state) | best | period (weights only). Written atomically."""
+        s = self.s
+        if not s.is_main:
+            return s.last_path
+        weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
+        record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
+        record.update(epoch=self.epoch, step=self.step_in_epoch, best_fitness=self.best_fitness, metrics=self.best_metrics)
+        if which == "last":
+            record["train"] = {
+                "net": {k: v.detach().cpu().clone() for k, v in s.train_net.state_dict().items()},
+                "optimizer": s.optimizer.state_dict(),
+                "optimizer_name": s.optimizer_name,
+                "scaler": s.scaler.state_dict(),
+                "ema": s.ema.state_dict() if s.ema is not None else None,
+                "rng": rng_state(),
+                "run_dir": str(s.run_dir),
+                "bad_files": sorted(self.bad_files),
+            }
+        path = path or (s.last_path if which == "last" else s.best_path)
+        save_atomic(record, path)
+        self.emit(ev.Checkpoint(path=str(path), kind=kind or which, epoch=self.epoch, step=self.step_in_epoch))
+        return path
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        """Put a last.pt's train state back (called by setup once everything is built)."""
+        s, tr = self.s, ckpt["train"]
+        s.train_net.load_state_dict(tr["net"])
+        s.optimizer.load_state_dict(tr["optimizer"])
+        s.scaler.load_state_dict(tr["scaler"])
+        if s.ema is not None and tr["ema"] is not None:
+            s.ema.load_state_dict(tr["ema"])
+        restore_rng(tr["rng"])
+        self.best_fitness, self.best_metrics = ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {})
+        self.bad_files = set(tr.get("bad_files", []))
+        self.epoch, self.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step"])
+        self.epochs_done = self.epoch

@@ -1,0 +1,44 @@
+"""`model.val(...)` / `libreyolo val`: validate a network on a dataset split outside training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from libreyolo.config import TrainConfig
+from libreyolo.data.config import list_images, load_data_config
+from libreyolo.data.dataset import YOLODataset
+from libreyolo.data.labels import scan_labels
+from libreyolo.data.loader import default_workers, val_loader
+from libreyolo.distributed.device import parse_device
+from libreyolo.engine.amp import resolve_amp
+from libreyolo.errors import DataError
+from libreyolo.eval.validator import validate
+
+VAL_KEYS = {"imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "amp", "amp_dtype"}
+
+
+def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: Any) -> dict[str, Any]:
+    """-> precision, recall, map50, map, losses, images, time_s, skipped (files that could not be used)."""
+    unknown = set(kwargs) - VAL_KEYS
+    if unknown:
+        TrainConfig.parse_value(sorted(unknown)[0], None)  # raises with the nearest valid keys
+    cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs})
+    kind, gpus = parse_device(cfg.device)
+    device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    dc = load_data_config(data or cfg.data)
+    if dc.names != model.names and len(dc.names) != model.nc:
+        raise DataError(f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: {model.names}")
+    images = list_images(getattr(dc, split))
+    ls = scan_labels(images, dc.nc)
+    if not len(ls):
+        raise DataError(f"{dc.yaml_path}: {split}: no usable images")
+    batch = 16 if cfg.batch == -1 else cfg.batch
+    workers = cfg.workers if cfg.workers is not None else default_workers(batch, len(gpus))
+    loader = val_loader(YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda")
+    net = model.net.to(device)
+    amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
+    out = validate(net, model.family, loader, device, model.names, model.family.loss(net, cfg), cfg.conf, cfg.iou, cfg.max_det, amp.autocast_dtype)
+    out["skipped"] = [f for f, _ in ls.skipped] + out.pop("bad")
+    return out

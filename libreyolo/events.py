@@ -1,0 +1,278 @@
+"""The event stream: everything the trainer wants anyone to know, as typed events.
+
+Rank 0 appends them as JSON lines to run_dir/events.jsonl (one flush per line); the rich renderer, user
+callbacks and the console consume the same objects. docs/events.md documents every field; a test keeps
+that page and these classes in step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Event:
+    type: ClassVar[str] = "event"
+    t: float = field(default_factory=time.time, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"type": self.type, "v": SCHEMA_VERSION}
+        d.update(dataclasses.asdict(self))
+        return d
+
+
+@dataclass
+class RunStart(Event):
+    type: ClassVar[str] = "run_start"
+    run_dir: str
+    model: str
+    family: str
+    task: str
+    nc: int
+    names: list[str]
+    data: str
+    epochs: int
+    start_epoch: int
+    batch: int
+    batch_per_rank: int
+    accumulate: int
+    world_size: int
+    imgsz: int
+    device: str
+    amp: bool
+    amp_dtype: str
+    cuda_graph: str
+    workers: int
+    optimizer: str
+    steps_per_epoch: int
+    train_images: int
+    val_images: int
+    params: int
+    pid: int
+    resumed: bool
+    config: dict[str, Any]
+
+
+@dataclass
+class EpochStart(Event):
+    type: ClassVar[str] = "epoch_start"
+    epoch: int
+    epochs: int
+    steps: int
+    mosaic: bool
+
+
+@dataclass
+class Step(Event):
+    """Emitted every log_interval seconds, not every step; losses are means since the epoch started."""
+
+    type: ClassVar[str] = "step"
+    epoch: int
+    step: int
+    steps: int
+    losses: dict[str, float]
+    lr: float
+    img_s: float
+    data_frac: float
+    step_ms: float
+    gpu_mem_gb: float
+    eta_s: float
+
+
+@dataclass
+class Val(Event):
+    type: ClassVar[str] = "val"
+    epoch: int
+    precision: float
+    recall: float
+    map50: float
+    map: float
+    losses: dict[str, float]
+    images: int
+    time_s: float
+
+
+@dataclass
+class EpochEnd(Event):
+    type: ClassVar[str] = "epoch_end"
+    epoch: int
+    losses: dict[str, float]
+    lr: dict[str, float]
+    time_s: float
+    img_s: float
+    fitness: float | None
+    best_fitness: float | None
+    skipped_images: int
+
+
+@dataclass
+class Checkpoint(Event):
+    type: ClassVar[str] = "checkpoint"
+    path: str
+    kind: str  # last | best | period | interrupt
+    epoch: int
+    step: int
+
+
+@dataclass
+class Amp(Event):
+    type: ClassVar[str] = "amp"
+    enabled: bool
+    dtype: str
+    scaler: bool
+    scale: float | None
+    skipped_steps: int
+    epoch: int | None
+    reason: str
+
+
+@dataclass
+class Graph(Event):
+    type: ClassVar[str] = "graph"
+    action: str  # capture | fallback | invalidate | eager_shape | recapture
+    mode: str  # network | full | off
+    reason: str
+    shape: list[int] | None = None
+    allocated_before_mb: float | None = None
+    allocated_after_mb: float | None = None
+    reserved_before_mb: float | None = None
+    reserved_after_mb: float | None = None
+    delta_allocated_mb: float | None = None
+    delta_reserved_mb: float | None = None
+
+
+@dataclass
+class Profile(Event):
+    type: ClassVar[str] = "profile"
+    verdict: str
+    why: str
+    levers: list[str]
+    step_ms: float
+    img_s: float
+    utilization: float | None
+    phases: dict[str, float]
+    artifacts: dict[str, str]
+
+
+@dataclass
+class Vram(Event):
+    type: ClassVar[str] = "vram"
+    epoch: int
+    peak_allocated_mb: float
+    peak_reserved_mb: float
+    device: str
+
+
+@dataclass
+class WarningEvent(Event):
+    type: ClassVar[str] = "warning"
+    message: str
+    code: str = ""
+
+
+@dataclass
+class ErrorEvent(Event):
+    type: ClassVar[str] = "error"
+    message: str
+    traceback: str = ""
+
+
+@dataclass
+class RunEnd(Event):
+    type: ClassVar[str] = "run_end"
+    status: str  # finished | interrupted | failed | early_stop | profiled
+    epochs_done: int
+    best_fitness: float | None
+    best: str | None
+    last: str | None
+    time_s: float
+    metrics: dict[str, float]
+
+
+@dataclass
+class Heartbeat(Event):
+    type: ClassVar[str] = "heartbeat"
+    epoch: int
+    step: int
+    pid: int
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    c.type: c for c in (RunStart, EpochStart, Step, Val, EpochEnd, Checkpoint, Amp, Graph, Profile, Vram, WarningEvent, ErrorEvent, RunEnd, Heartbeat)
+}
+
+
+class EventWriter:
+    """Appends events as JSON lines and flushes each, so a reader (the console) sees them at once."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, event: Event) -> None:
+        self._f.write(json.dumps(event.to_dict(), default=_json_default) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def read_events(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Every complete line of an events file as a dict (a partial last line is left for later)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n") and line.strip():
+                yield json.loads(line)
+
+
+def validate_event(d: dict[str, Any]) -> None:
+    """Raise ValueError if d does not match the documented schema of its type."""
+    cls = EVENT_TYPES.get(d.get("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown event type {d.get('type')!r}")
+    if d.get("v") != SCHEMA_VERSION:
+        raise ValueError(f"{cls.type}: schema version {d.get('v')!r}, expected {SCHEMA_VERSION}")
+    expected = {f.name for f in dataclasses.fields(cls)} | {"type", "v"}
+    missing, extra = expected - d.keys(), d.keys() - expected
+    if missing or extra:
+        raise ValueError(f"{cls.type}: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for f in dataclasses.fields(cls):
+        if not _type_ok(d[f.name], str(f.type)):
+            raise ValueError(f"{cls.type}.{f.name}={d[f.name]!r} does not match {f.type}")
+
+
+def _type_ok(value: Any, annotation: str) -> bool:
+    checks: dict[str, Callable[[Any], bool]] = {
+        "int": lambda x: isinstance(x, int) and not isinstance(x, bool),
+        "float": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+        "str": lambda x: isinstance(x, str),
+        "bool": lambda x: isinstance(x, bool),
+        "None": lambda x: x is None,
+    }
+    for alt in annotation.split("|"):
+        alt = alt.strip()
+        base = alt.split("[")[0]
+        if base in checks and checks[base](value):
+            return True
+        if base == "list" and isinstance(value, list):
+            return True
+        if base == "dict" and isinstance(value, dict):
+            return True
+    return False
+
+
+Callback = Callable[[Event], None]

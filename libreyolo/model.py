@@ -1,0 +1,113 @@
+"""The LibreYOLO facade: build a network (random init) or load a checkpoint; train(), val(), predict()."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.config import TrainConfig
+from libreyolo.engine.checkpoint import load_checkpoint, save_atomic
+from libreyolo.engine.state import model_record
+from libreyolo.errors import CheckpointError, ConfigError
+from libreyolo.families import Family, get_family, model_names, parse_model_name
+
+
+class LibreYOLO:
+    """LibreYOLO("LibreYOLO9t") builds an untrained network; LibreYOLO("path/best.pt") loads one.
+
+    Nothing is ever downloaded: "LibreYOLO9t.pt" must exist on disk (or pass pretrained=False)."""
+
+    def __init__(self, model: str | os.PathLike = "LibreYOLO9t", nc: int = 80, names: list[str] | None = None, pretrained: bool = True):
+        self.source = str(model)
+        self.trained = False  # False: random init, which train() may rebuild under its seed
+        self.metrics: dict[str, float] = {}
+        self.imgsz = 640
+        path = Path(self.source)
+        stem_match = parse_model_name(path.stem if path.suffix == ".pt" else self.source)
+        if path.suffix == ".pt" and (path.is_file() or pretrained or stem_match is None):
+            if not path.is_file():
+                hint = f" pretrained=false or model={path.stem} builds an untrained {path.stem};" if stem_match else ""
+                raise CheckpointError(f"{path} does not exist.{hint} nothing is downloaded, ever.")
+            self.load_record(load_checkpoint(path))
+            return
+        if stem_match is None:
+            raise ConfigError(f"model={self.source!r} is neither a known model name ({', '.join(model_names())}) nor a .pt file")
+        self.family, self.size = stem_match
+        self.names = list(names) if names else [f"class{i}" for i in range(nc)]
+        self.net = self.family.build(self.size, len(self.names))
+
+    # --- construction -------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return f"{self.family.prefix}{self.size}"
+
+    @property
+    def nc(self) -> int:
+        return len(self.names)
+
+    def load_record(self, ckpt: dict[str, Any]) -> None:
+        """Rebuild the network a checkpoint describes and load its weights."""
+        self.family: Family = get_family(ckpt["family"])
+        self.size, self.names = ckpt["size"], list(ckpt["names"])
+        self.net = self.family.build(self.size, len(self.names))
+        missing, unexpected = self.net.load_state_dict(ckpt["model"], strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"checkpoint weights do not fit {self.model_name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        self.imgsz = int(ckpt.get("imgsz", 640))
+        self.metrics = dict(ckpt.get("metrics") or {})
+        self.trained = True
+
+    def prepare_for_training(self, names: list[str], fresh: bool = True) -> nn.Module:
+        """An untrained model is rebuilt (under the run's seed) for the dataset's classes; a trained one keeps
+        its weights, and if the class count differs, every tensor whose shape still fits is transferred."""
+        if fresh and not self.trained:
+            self.names = list(names)
+            self.net = self.family.build(self.size, len(names))
+        elif list(names) != self.names:
+            old = self.net.state_dict()
+            self.names = list(names)
+            self.net = self.family.build(self.size, len(names))
+            own = self.net.state_dict()
+            own.update({k: v for k, v in old.items() if k in own and own[k].shape == v.shape})
+            self.net.load_state_dict(own)
+        return self.net
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return save_atomic(model_record(self.family.name, self.size, self.names, self.net.state_dict(), self.imgsz), path)
+
+    # --- actions ------------------------------------------------------------------------------------
+    def train(self, data: str | None = None, **kwargs: Any) -> dict[str, float]:
+        """Train; afterwards this object holds the best weights. Returns the best epoch's metrics."""
+        from libreyolo.engine.trainer import Trainer
+
+        if data is not None:
+            kwargs["data"] = data
+        kwargs.setdefault("model", self.source)
+        user_keys = set(kwargs)
+        cfg = TrainConfig.from_overrides(kwargs, defaults=self.family.defaults)
+        trainer = Trainer(self, cfg, user_keys)
+        metrics = trainer.train()
+        best = trainer.s.best_path if trainer.s.best_path.exists() else trainer.s.last_path
+        if best.exists():
+            self.load_record(load_checkpoint(best))
+        self.metrics = metrics
+        self.last_run = trainer.s.run_dir
+        return metrics
+
+    def val(self, data: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        from libreyolo.eval.run import run_val
+
+        return run_val(self, data, **kwargs)
+
+    def predict(self, source: Any, conf: float = 0.25, iou: float = 0.7, imgsz: int | None = None, device: str = "auto", max_det: int = 300) -> list[Any]:
+        from libreyolo.predict import run_predict
+
+        return run_predict(self, source, conf=conf, iou=iou, imgsz=imgsz or self.imgsz, device=device, max_det=max_det)
+
+    def __repr__(self) -> str:
+        n = sum(p.numel() for p in self.net.parameters())
+        return f"LibreYOLO({self.model_name}, {self.nc} classes, {n / 1e6:.2f}M params, {'trained' if self.trained else 'untrained'})"

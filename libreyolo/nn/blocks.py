@@ -1,0 +1,135 @@
+"""Convolution blocks of the GELAN family (YOLOv9): Conv, RepConvN, RepNCSP, RepNCSPELAN4, ELAN1, ADown, SPPELAN."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def autopad(k: int, p: int | None = None, d: int = 1) -> int:
+    """'same' padding for odd kernels."""
+    if p is not None:
+        return p
+    return d * (k - 1) // 2
+
+
+class Conv(nn.Module):
+    """Conv2d (no bias) + BatchNorm + SiLU."""
+
+    def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1, act: bool = True):
+        super().__init__()
+        self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p), groups=g, bias=False)
+        # eps/momentum as in the YOLO references: BN statistics follow the data quickly at small batch
+        self.bn = nn.BatchNorm2d(c2, eps=1e-3, momentum=0.03)
+        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class RepConvN(nn.Module):
+    """Re-parameterisable conv: a 3x3 and a 1x1 branch (each with BN) summed, then SiLU."""
+
+    def __init__(self, c1: int, c2: int, k: int = 3, s: int = 1):
+        super().__init__()
+        self.conv1 = Conv(c1, c2, k, s, act=False)
+        self.conv2 = Conv(c1, c2, 1, s, p=0, act=False)
+        self.act = nn.SiLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv1(x) + self.conv2(x))
+
+
+class RepNBottleneck(nn.Module):
+    def __init__(self, c1: int, c2: int, shortcut: bool = True, e: float = 1.0):
+        super().__init__()
+        c_ = int(c2 * e)
+        self.cv1 = RepConvN(c1, c_, 3, 1)
+        self.cv2 = Conv(c_, c2, 3, 1)
+        self.add = shortcut and c1 == c2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class RepNCSP(nn.Module):
+    """CSP block whose bottlenecks are RepNBottlenecks."""
+
+    def __init__(self, c1: int, c2: int, n: int = 1, e: float = 0.5):
+        super().__init__()
+        c_ = int(c2 * e)
+        self.cv1 = Conv(c1, c_, 1, 1)
+        self.cv2 = Conv(c1, c_, 1, 1)
+        self.cv3 = Conv(2 * c_, c2, 1)
+        self.m = nn.Sequential(*(RepNBottleneck(c_, c_) for _ in range(n)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
+
+
+class RepNCSPELAN4(nn.Module):
+    """GELAN block: split, two RepNCSP+Conv stages, concatenate all partial outputs, fuse."""
+
+    def __init__(self, c1: int, c2: int, c3: int, c4: int, n: int = 1):
+        super().__init__()
+        self.cv1 = Conv(c1, c3, 1, 1)
+        self.cv2 = nn.Sequential(RepNCSP(c3 // 2, c4, n), Conv(c4, c4, 3, 1))
+        self.cv3 = nn.Sequential(RepNCSP(c4, c4, n), Conv(c4, c4, 3, 1))
+        self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.cv1(x).chunk(2, 1)
+        c = self.cv2(b)
+        d = self.cv3(c)
+        return self.cv4(torch.cat((a, b, c, d), 1))
+
+
+class ELAN1(nn.Module):
+    """The light ELAN stage of the smallest GELAN models (plain convs instead of RepNCSP)."""
+
+    def __init__(self, c1: int, c2: int, c3: int, c4: int):
+        super().__init__()
+        self.cv1 = Conv(c1, c3, 1, 1)
+        self.cv2 = Conv(c3 // 2, c4, 3, 1)
+        self.cv3 = Conv(c4, c4, 3, 1)
+        self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.cv1(x).chunk(2, 1)
+        c = self.cv2(b)
+        d = self.cv3(c)
+        return self.cv4(torch.cat((a, b, c, d), 1))
+
+
+class ADown(nn.Module):
+    """Stride-2 downsampling: average-pool, then half the channels by a 3x3/s2 conv, half by max-pool + 1x1."""
+
+    def __init__(self, c1: int, c2: int):
+        super().__init__()
+        c = c2 // 2
+        self.cv1 = Conv(c1 // 2, c, 3, 2, 1)
+        self.cv2 = Conv(c1 // 2, c, 1, 1, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.avg_pool2d(x, 2, 1, 0, False, True)
+        x1, x2 = x.chunk(2, 1)
+        x2 = F.max_pool2d(x2, 3, 2, 1)
+        return torch.cat((self.cv1(x1), self.cv2(x2)), 1)
+
+
+class SPPELAN(nn.Module):
+    """Spatial pyramid pooling (three chained 5x5 max-pools) in ELAN form."""
+
+    def __init__(self, c1: int, c2: int, c3: int, k: int = 5):
+        super().__init__()
+        self.cv1 = Conv(c1, c3, 1, 1)
+        self.pool = nn.MaxPool2d(k, 1, k // 2)
+        self.cv5 = Conv(4 * c3, c2, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = [self.cv1(x)]
+        for _ in range(3):
+            y.append(self.pool(y[-1]))
+        return self.cv5(torch.cat(y, 1))

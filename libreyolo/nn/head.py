@@ -1,0 +1,93 @@
+"""Anchor-free decoupled detection head with Distribution Focal Loss (DFL) box regression."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from libreyolo.nn.blocks import Conv
+
+_ANCHOR_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def make_anchors(
+    shapes: list[tuple[int, int]], strides: list[int], device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grid-cell centres (A, 2) in feature units and their strides (A, 1), for all levels concatenated.
+
+    Cached per (shapes, device, dtype): the grid only depends on the input size, so a training step does
+    not rebuild it (that would be a dozen small kernels per step for nothing)."""
+    key = (tuple(shapes), tuple(strides), str(device), dtype)
+    hit = _ANCHOR_CACHE.get(key)
+    if hit is not None:
+        return hit
+    points, stride_t = [], []
+    for (h, w), s in zip(shapes, strides):
+        sy, sx = torch.meshgrid(
+            torch.arange(h, device=device, dtype=dtype) + 0.5,
+            torch.arange(w, device=device, dtype=dtype) + 0.5,
+            indexing="ij",
+        )
+        points.append(torch.stack((sx, sy), -1).view(-1, 2))
+        stride_t.append(torch.full((h * w, 1), s, dtype=dtype, device=device))
+    out = (torch.cat(points), torch.cat(stride_t))
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _ANCHOR_CACHE[key] = out
+    return out
+
+
+def dfl_decode(distri: torch.Tensor, reg_max: int) -> torch.Tensor:
+    """(..., 4*reg_max) logits -> (..., 4) expected distances (left, top, right, bottom) in grid units."""
+    proj = torch.arange(reg_max, device=distri.device, dtype=distri.dtype)
+    p = distri.unflatten(-1, (4, reg_max)).softmax(-1)
+    return p @ proj
+
+
+def dist2bbox(dist: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """ltrb distances around anchor points -> xyxy boxes."""
+    lt, rb = dist.chunk(2, -1)
+    return torch.cat((anchors - lt, anchors + rb), -1)
+
+
+def bbox2dist(anchors: torch.Tensor, boxes: torch.Tensor, reg_max: int) -> torch.Tensor:
+    """xyxy boxes -> ltrb distances from anchor points, clamped into the DFL range."""
+    x1y1, x2y2 = boxes.chunk(2, -1)
+    return torch.cat((anchors - x1y1, x2y2 - anchors), -1).clamp_(0, reg_max - 1.01)
+
+
+class Detect(nn.Module):
+    """One box branch and one class branch per level; outputs raw (B, 4*reg_max + nc, A) logits."""
+
+    def __init__(self, nc: int, ch: tuple[int, ...], strides: tuple[int, ...] = (8, 16, 32), reg_max: int = 16):
+        super().__init__()
+        self.nc, self.reg_max, self.strides = nc, reg_max, tuple(strides)
+        self.no = nc + 4 * reg_max
+        c2 = max(16, ch[0] // 4, reg_max * 4)
+        c3 = max(ch[0], min(nc, 100))
+        self.box = nn.ModuleList(
+            nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * reg_max, 1)) for c in ch
+        )
+        self.cls = nn.ModuleList(nn.Sequential(Conv(c, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for c in ch)
+        self.reset_bias()
+
+    def reset_bias(self, imgsz: int = 640) -> None:
+        """Box logits start flat; class logits start at a low prior (about 5 objects per image)."""
+        for b, c, s in zip(self.box, self.cls, self.strides):
+            nn.init.constant_(b[-1].bias, 1.0)
+            nn.init.constant_(c[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
+
+    def forward(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+        outs, shapes = [], []
+        for x, b, c in zip(feats, self.box, self.cls):
+            shapes.append((x.shape[2], x.shape[3]))
+            outs.append(torch.cat((b(x), c(x)), 1).flatten(2))
+        return torch.cat(outs, 2), shapes
+
+    def decode(self, raw: torch.Tensor, shapes: list[tuple[int, int]]) -> torch.Tensor:
+        """Raw logits -> (B, A, 4 + nc): xyxy boxes in input pixels and class probabilities."""
+        anchors, stride = make_anchors(shapes, list(self.strides), raw.device, raw.dtype)
+        distri, logits = raw.transpose(1, 2).split((4 * self.reg_max, self.nc), -1)
+        boxes = dist2bbox(dfl_decode(distri, self.reg_max), anchors) * stride
+        return torch.cat((boxes, logits.sigmoid()), -1)

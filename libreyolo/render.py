@@ -1,0 +1,133 @@
+"""Headless rendering of the event stream with rich: a live bar per epoch on a terminal, plain lines in CI."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from libreyolo import events as ev
+
+
+def _interactive() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
+
+
+def _fmt_s(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class RichRenderer:
+    """A callback: feed it events. `plain=None` picks live bars on a TTY and plain lines otherwise."""
+
+    def __init__(self, plain: bool | None = None, console: Console | None = None, plain_every_s: float = 5.0):
+        self.plain = (not _interactive()) if plain is None else plain
+        self.console = console or Console(highlight=False, soft_wrap=True)
+        self.plain_every_s = plain_every_s
+        self._progress: Progress | None = None
+        self._task = None
+        self._last_plain = 0.0
+        self._epochs = 0
+
+    def __call__(self, e: ev.Event) -> None:
+        handler = getattr(self, "_on_" + e.type, None)
+        if handler:
+            handler(e)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    # --- handlers -----------------------------------------------------------------------------------
+    def _on_run_start(self, e: ev.RunStart) -> None:
+        self._epochs = e.epochs
+        c = self.console
+        c.print(f"[bold]libreyolo[/] {e.model} ({e.params / 1e6:.2f}M params, {e.nc} classes) on {e.device}" + (f" x{e.world_size}" if e.world_size > 1 else ""))
+        c.print(f"  data {e.data}: {e.train_images} train / {e.val_images} val images, imgsz {e.imgsz}")
+        c.print(f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, {e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph}")
+        c.print(f"  run dir {e.run_dir}" + ("  [yellow](resumed)[/]" if e.resumed else ""))
+
+    def _on_epoch_start(self, e: ev.EpochStart) -> None:
+        desc = f"Epoch {e.epoch + 1}/{e.epochs}" + ("" if e.mosaic else " (no mosaic)")
+        if self.plain:
+            self.console.print(desc + f": {e.steps} steps")
+            return
+        self.close()
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self._task = self._progress.add_task(desc, total=e.steps, stats="")
+        self._progress.start()
+
+    def _on_step(self, e: ev.Step) -> None:
+        l = e.losses
+        stats = f"box {l.get('box', 0):.3f} cls {l.get('cls', 0):.3f} dfl {l.get('dfl', 0):.3f} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else "")
+        if self.plain:
+            now = time.time()
+            if now - self._last_plain >= self.plain_every_s or e.step == e.steps:
+                self._last_plain = now
+                self.console.print(f"  [{e.epoch + 1}/{self._epochs}] {e.step}/{e.steps} {stats} eta {_fmt_s(e.eta_s)}")
+        elif self._progress is not None:
+            self._progress.update(self._task, completed=e.step, stats=stats)
+
+    def _on_val(self, e: ev.Val) -> None:
+        self.close()
+        t = Table(box=None, padding=(0, 2), show_edge=False)
+        for col in ("images", "P", "R", "mAP50", "mAP50-95", "val box/cls/dfl", "time"):
+            t.add_column(col, justify="right")
+        t.add_row(str(e.images), f"{e.precision:.3f}", f"{e.recall:.3f}", f"{e.map50:.3f}", f"{e.map:.3f}",
+                  "/".join(f"{e.losses.get(k, 0):.3f}" for k in ("box", "cls", "dfl")), f"{e.time_s:.1f}s")
+        self.console.print(t)
+
+    def _on_epoch_end(self, e: ev.EpochEnd) -> None:
+        self.close()
+        if self.plain:
+            l = e.losses
+            self.console.print(f"  epoch {e.epoch + 1} done in {e.time_s:.1f}s ({e.img_s:.0f} img/s): box {l.get('box', 0):.3f} cls {l.get('cls', 0):.3f} dfl {l.get('dfl', 0):.3f}")
+
+    def _on_checkpoint(self, e: ev.Checkpoint) -> None:
+        if e.kind in ("best", "interrupt"):
+            self.console.print(f"  [dim]saved {e.kind} -> {e.path}[/]")
+
+    def _on_amp(self, e: ev.Amp) -> None:
+        if e.epoch is None or e.skipped_steps:
+            self.console.print(f"  amp: {e.reason}")
+
+    def _on_graph(self, e: ev.Graph) -> None:
+        extra = f" (+{e.delta_allocated_mb:.0f} MB allocated)" if e.delta_allocated_mb is not None else ""
+        self.console.print(f"  cuda_graph {e.action}: {e.reason}{extra}")
+
+    def _on_profile(self, e: ev.Profile) -> None:
+        self.close()
+        self.console.print(f"[bold]profile verdict: {e.verdict}[/] - {e.why}")
+        for lever in e.levers:
+            self.console.print(f"  - {lever}")
+        for name, path in e.artifacts.items():
+            self.console.print(f"  {name}: {path}")
+
+    def _on_vram(self, e: ev.Vram) -> None:
+        pass  # shown by the console; the bar already carries current memory
+
+    def _on_warning(self, e: ev.WarningEvent) -> None:
+        self.close()
+        self.console.print(f"[yellow]warning:[/] {e.message}")
+
+    def _on_error(self, e: ev.ErrorEvent) -> None:
+        self.close()
+        self.console.print(f"[red]error:[/] {e.message}")
+
+    def _on_run_end(self, e: ev.RunEnd) -> None:
+        self.close()
+        m = e.metrics
+        summary = ", ".join(f"{k} {v:.3f}" for k, v in m.items()) if m else "no metrics"
+        self.console.print(f"[bold]{e.status}[/] after {e.epochs_done} epoch(s) in {_fmt_s(e.time_s)}: {summary}")
+        if e.best:
+            self.console.print(f"  best {e.best}")
+        if e.last:
+            self.console.print(f"  last {e.last}")

@@ -1,0 +1,48 @@
+"""Shared fixtures: a private cache folder, plain (non-TTY) rendering, and tiny synthetic datasets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    os.environ["LIBREYOLO_CACHE"] = str(tmp_path_factory.mktemp("libreyolo-cache"))
+    os.environ["CI"] = os.environ.get("CI", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 train / 8 val shapes images of 64 px: enough for a few real steps in seconds."""
+    from libreyolo.data.shapes import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("tiny") / "shapes", n_train=16, n_val=8, size=64)
+
+
+@pytest.fixture(scope="session")
+def overfit_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 images; training sees 4 copies of each per epoch (4 steps at batch 8), validation the 8 originals."""
+    import shutil
+
+    from libreyolo.data.shapes import make_shapes
+
+    root = tmp_path_factory.mktemp("overfit") / "shapes"
+    make_shapes(root, n_train=8, n_val=1, size=96)
+    for sub in ("images", "labels"):
+        (root / sub / "rep").mkdir()
+    for img in sorted((root / "images" / "train").glob("*.jpg")):
+        for k in range(4):
+            shutil.copy(img, root / "images" / "rep" / f"{img.stem}_{k}.jpg")
+            shutil.copy(root / "labels" / "train" / f"{img.stem}.txt", root / "labels" / "rep" / f"{img.stem}_{k}.txt")
+    yaml_path = root / "overfit.yaml"
+    yaml_path.write_text(f"path: {root}\ntrain: images/rep\nval: images/train\nnames: [circle, square, triangle]\n")
+    return yaml_path
+
+
+# settings that make a CPU run short and free of randomness that tests do not control
+FAST = dict(imgsz=64, batch=8, workers=0, warmup_epochs=0, device="cpu", val=True)

@@ -1,0 +1,59 @@
+import re
+from pathlib import Path
+
+import pytest
+
+from libreyolo.cli.main import main
+from libreyolo.config import TrainConfig
+from libreyolo.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_typed_values_and_aliases():
+    c = TrainConfig.from_overrides({"epochs": "5", "device": [0, 1], "amp_dtype": "bf16", "cache": True, "cuda_graph": "full", "workers": "auto"})
+    assert (c.epochs, c.device, c.amp_dtype, c.cache, c.cuda_graph, c.workers) == (5, "0,1", "bfloat16", "ram", "full", None)
+    for spec, want in [("cpu", "cpu"), ("0", "0"), ("cuda:1", "1"), ("[0, 1]", "0,1"), ("auto", "auto"), ("mps", "mps")]:
+        assert TrainConfig.parse_value("device", spec) == want
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("batch", 0, "batch=0 is not valid: batch takes a positive integer, or -1"),
+    ("imgsz", 100, "imgsz=100 is not valid: imgsz takes a multiple of 32"),
+    ("amp", "maybe", "amp='maybe' is not valid: amp takes a boolean"),
+    ("amp_dtype", "fp8", "one of float16, bfloat16"),
+    ("device", "gpu", "device='gpu' is not valid"),
+])
+def test_bad_values_name_key_value_and_what_is_accepted(key, value, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        TrainConfig.from_overrides({key: value})
+
+
+def test_unknown_key_suggests_nearest():
+    with pytest.raises(ConfigError, match="Did you mean epochs"):
+        TrainConfig.from_overrides({"epoch": 3})
+
+
+def test_cli_errors_exit_2_with_message(capsys):
+    assert main(["train", "epoch=3"]) == 2
+    assert "Did you mean epochs" in capsys.readouterr().err
+    assert main(["train", "epochs"]) == 2
+    assert "not key=value" in capsys.readouterr().err
+    assert main(["trian"]) == 2
+    assert "did you mean 'train'" in capsys.readouterr().err
+    assert main(["train", "device=7"]) == 2
+    assert "device=7" in capsys.readouterr().err
+
+
+def test_train_help_lists_every_key_with_default(capsys):
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    for key, default, help_, _ in TrainConfig.spec():
+        assert re.search(rf"^\s*{key}\s", out, re.M), key
+
+
+def test_hyperparameter_doc_is_in_step_with_trainconfig():
+    from libreyolo.cli.docs import hyperparameters_markdown
+
+    doc = (ROOT / "docs" / "hyperparameters.md").read_text()
+    assert doc == hyperparameters_markdown(), "regenerate with: python -m libreyolo.cli.docs > docs/hyperparameters.md"

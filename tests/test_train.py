@@ -1,0 +1,126 @@
+"""End-to-end training on CPU: over-fitting, resume, kill -9, the event stream, results.csv."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.engine.checkpoint import load_checkpoint
+from libreyolo.engine.rundir import RESULTS_COLUMNS
+from libreyolo.events import read_events, validate_event
+
+from conftest import FAST
+
+
+def test_tiny_model_overfits_a_handful_of_images(overfit_data, tmp_path):
+    m = LibreYOLO("LibreYOLO9t")
+    metrics = m.train(data=str(overfit_data), epochs=50, imgsz=64, batch=8, nbs=8, workers=0, device="cpu", warmup_epochs=0, mosaic=0,
+                      scale=0, translate=0, fliplr=0, hsv_h=0, hsv_s=0, hsv_v=0, optimizer="AdamW", lr0=0.004, val=False,
+                      project=str(tmp_path), seed=0)
+    rows = list(csv.DictReader(open(m.last_run / "results.csv")))
+    assert len(rows) == 1  # val=false validates only the last epoch (BatchNorm needs ~150 steps to settle)
+    ev = [e for e in read_events(m.last_run / "events.jsonl") if e["type"] == "epoch_end"]
+    total = [7.5 * e["losses"]["box"] + 0.5 * e["losses"]["cls"] + 1.5 * e["losses"]["dfl"] for e in ev]
+    assert total[-1] < 0.8 * total[0] and ev[-1]["losses"]["cls"] < ev[0]["losses"]["cls"] / 4
+    assert metrics["map50"] > 0.8, metrics
+    # the facade now holds the trained weights and predicts the memorised shapes
+    res = m.predict(sorted((overfit_data.parent / "images" / "train").glob("*.jpg"))[:2], device="cpu")
+    assert all(len(r) >= 1 for r in res)
+
+
+def _train(data, tmp_path, **kw):
+    m = LibreYOLO("LibreYOLO9t")
+    args = {**FAST, "data": str(data), "project": str(tmp_path), "no_aug_epochs": 1, **kw}
+    return m, m.train(**args)
+
+
+def test_run_folder_events_and_results_csv(tiny_data, tmp_path):
+    seen = []
+    m, _ = _train(tiny_data, tmp_path, epochs=2, callbacks=[seen.append])
+    run = m.last_run
+    assert run.name == "exp" and (run / "args.yaml").is_file()
+    assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
+    events = list(read_events(run / "events.jsonl"))
+    for e in events:
+        validate_event(e)
+    types = [e["type"] for e in events]
+    assert types[0] == "run_start" and types[-1] == "run_end" and events[-1]["status"] == "finished"
+    for t in ("epoch_start", "step", "val", "epoch_end", "checkpoint", "amp"):
+        assert t in types, t
+    assert [e.type for e in seen] == types  # callbacks get exactly what the file gets
+    with open(run / "results.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == RESULTS_COLUMNS and [r[0] for r in rows[1:]] == ["1", "2"]
+    # a second run does not overwrite the first
+    m2, _ = _train(tiny_data, tmp_path, epochs=1)
+    assert m2.last_run.name == "exp2"
+    ck = load_checkpoint(run / "weights" / "best.pt")
+    assert "train" not in ck and ck["names"] == ["circle", "square", "triangle"]
+
+
+class _StopAfterEpoch:
+    """Module-level so it is an ordinary callback: raises Ctrl-C once epoch `n` has ended."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, e):
+        if e.type == "epoch_end" and e.epoch == self.n:
+            raise KeyboardInterrupt
+
+
+def test_resume_reproduces_the_uninterrupted_run(tiny_data, tmp_path):
+    full, _ = _train(tiny_data, tmp_path / "a", epochs=2)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_data, tmp_path / "b", epochs=2, callbacks=[_StopAfterEpoch(0)])
+    last = tmp_path / "b" / "exp" / "weights" / "last.pt"
+    ck = load_checkpoint(last)
+    assert (ck["epoch"], ck["step"]) == (1, 0)
+    ends = [e for e in read_events(last.parent.parent / "events.jsonl") if e["type"] == "run_end"]
+    assert ends[-1]["status"] == "interrupted"
+    resumed = LibreYOLO(last)
+    resumed.train(resume=True, model=str(last))
+    a = load_checkpoint(tmp_path / "a" / "exp" / "weights" / "last.pt")
+    b = load_checkpoint(last)
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0, msg=k)
+    rows_a = list(csv.DictReader(open(tmp_path / "a" / "exp" / "results.csv")))
+    rows_b = list(csv.DictReader(open(tmp_path / "b" / "exp" / "results.csv")))
+    assert rows_a[1]["train/box_loss"] == rows_b[1]["train/box_loss"]
+    assert rows_a[1]["metrics/mAP50(B)"] == rows_b[1]["metrics/mAP50(B)"]
+
+
+def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_path):
+    cmd = [sys.executable, "-m", "libreyolo.cli.main", "train", f"data={tiny_data}", "epochs=6", "imgsz=64", "batch=4",
+           "workers=0", "device=cpu", f"project={tmp_path}", "log_interval=0.05"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    events = tmp_path / "exp" / "events.jsonl"
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            if events.exists() and any(e["type"] == "step" and e["epoch"] >= 1 and e["step"] >= 2 for e in read_events(events)):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never reached epoch 2")
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(timeout=30)
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    ck = load_checkpoint(last)
+    assert ck["epoch"] >= 1 and "train" in ck
+    assert not list(last.parent.glob(".*.tmp"))  # no temp file left behind as a "checkpoint"
+    assert LibreYOLO(last).trained
+    r = subprocess.run([sys.executable, "-m", "libreyolo.cli.main", "train", f"resume={last}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_ends = [e for e in read_events(events) if e["type"] == "run_end"]
+    assert [e["status"] for e in run_ends] == ["finished"]  # the killed process never wrote one
+    assert load_checkpoint(last)["epoch"] == 6
