@@ -14,6 +14,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("libreyolo.cli.train", "train a model (no arguments: LibreYOLO9t on the built-in dataset)"),
     "val": ("libreyolo.cli.val", "validate a checkpoint on a dataset: mAP50, mAP50-95, precision, recall"),
     "predict": ("libreyolo.cli.predict", "detect objects in images"),
+    "profile": ("libreyolo.cli.profile", "profile real training steps: run | summary | phases | kernels"),
+    "bench": ("libreyolo.cli.bench", "benchmarks: step (training step ms, eager vs CUDA graphs) | loader (images/s)"),
+    "data": ("libreyolo.cli.data", "datasets: prepare (verify, label cache, disk cache) | shapes (generate)"),
 }
 
 USAGE = "usage: libreyolo COMMAND [key=value ...]   (libreyolo COMMAND --help for its keys)"

@@ -1,0 +1,24 @@
+"""libreyolo bench step|loader ... : each benchmark lives in libreyolo/bench/<name>.py and has run(argv) -> int."""
+
+from __future__ import annotations
+
+import importlib
+
+from libreyolo.errors import ConfigError
+
+BENCHES = {
+    "step": "training step time on one replayed batch: eager, cuda_graph=true, cuda_graph=full",
+    "loader": "data loader images/s for each cache mode and a range of worker counts",
+}
+
+
+def run(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: libreyolo bench {" + "|".join(BENCHES) + "} [key=value ...]\n")
+        for name, help_ in BENCHES.items():
+            print(f"  {name:<7} {help_}")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHES:
+        raise ConfigError(f"unknown benchmark {name!r}; available: {', '.join(BENCHES)}")
+    return importlib.import_module(f"libreyolo.bench.{name}").run(rest)
