@@ -215,7 +215,7 @@ class TrainConfig:
     amp: bool = opt(True, _bool, "mixed precision on CUDA (off on CPU)", "speed")
     amp_dtype: str = opt("float16", _choice("float16", "bfloat16", aliases={"fp16": "float16", "bf16": "bfloat16", "half": "float16"}), "autocast dtype: float16 (with a loss scaler) or bfloat16", "speed")
     cuda_graph: bool | str = opt(False, _bool_or("full"), "capture the network (true) or the whole step (full) in a CUDA graph", "speed")
-    channels_last: bool = opt(False, _bool, "channels-last memory format on CUDA", "speed")
+    channels_last: bool = opt(True, _bool, "channels-last memory format on CUDA (NHWC cuDNN kernels, no layout transposes)", "speed")
     sync_bn: bool = opt(True, _bool, "convert BatchNorm to SyncBatchNorm under DDP", "speed")
     log_interval: float = opt(0.5, _positive(_float), "seconds between step events (losses are read asynchronously)", "speed")
     # profiler

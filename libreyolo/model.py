@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from libreyolo.config import TrainConfig
-from libreyolo.engine.checkpoint import load_checkpoint, save_atomic
+from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic
 from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families import Family, get_family, model_names, parse_model_name
@@ -54,9 +54,7 @@ class LibreYOLO:
         self.family: Family = get_family(ckpt["family"])
         self.size, self.names = ckpt["size"], list(ckpt["names"])
         self.net = self.family.build(self.size, len(self.names))
-        missing, unexpected = self.net.load_state_dict(ckpt["model"], strict=False)
-        if missing or unexpected:
-            raise CheckpointError(f"checkpoint weights do not fit {self.model_name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        load_weights(self.net, ckpt["model"], f"checkpoint weights for {self.model_name}")
         self.imgsz = int(ckpt.get("imgsz", 640))
         self.metrics = dict(ckpt.get("metrics") or {})
         self.trained = True
@@ -73,7 +71,7 @@ class LibreYOLO:
             self.net = self.family.build(self.size, len(names))
             own = self.net.state_dict()
             own.update({k: v for k, v in old.items() if k in own and own[k].shape == v.shape})
-            self.net.load_state_dict(own)
+            load_weights(self.net, own)
         return self.net
 
     def save(self, path: str | os.PathLike) -> Path:

@@ -33,6 +33,15 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     return path
 
 
+def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str = "weights") -> None:
+    """load_state_dict that ignores BatchNorm's num_batches_tracked (our BN layers do not keep one; torch
+    re-adds the key when a state dict carries no version metadata) and reports any other mismatch."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    unexpected = [k for k in unexpected if not k.endswith("num_batches_tracked")]
+    if missing or unexpected:
+        raise CheckpointError(f"{what} do not fit the network: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a libreyolo checkpoint with torch.load(weights_only=True): no pickled code ever runs."""
     path = Path(path)

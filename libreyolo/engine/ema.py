@@ -18,13 +18,14 @@ class ModelEMA:
         self._pairs(model)
 
     def _pairs(self, model: nn.Module) -> None:
+        # the Parameter objects themselves, not .data snapshots: the trainer may move a parameter's storage
+        # (engine/flat.py) after the EMA exists
         src = dict(model.state_dict(keep_vars=True))
         self._ema_t, self._src_t = [], []
         for k, v in self.ema.state_dict(keep_vars=True).items():
-            if v.dtype.is_floating_point:  # num_batches_tracked and other integer buffers are not averaged
-                self._ema_t.append(v.data if isinstance(v, nn.Parameter) else v)
-                s = src[k]
-                self._src_t.append(s.data if isinstance(s, nn.Parameter) else s)
+            if v.dtype.is_floating_point:  # integer buffers are not averaged
+                self._ema_t.append(v)
+                self._src_t.append(src[k])
 
     def current_decay(self) -> float:
         return self.decay * (1 - math.exp(-self.updates / self.tau))
@@ -39,5 +40,7 @@ class ModelEMA:
         return {"ema": self.ema.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
-        self.ema.load_state_dict(state["ema"])
+        from libreyolo.engine.checkpoint import load_weights
+
+        load_weights(self.ema, state["ema"], "EMA weights")
         self.updates = int(state["updates"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,14 +19,14 @@ from libreyolo.data.dataset import AugmentConfig, YOLODataset
 from libreyolo.data.labels import LabelSet, scan_labels
 from libreyolo.data.loader import TrainBatchSampler, default_workers, train_loader, val_loader
 from libreyolo.distributed.device import parse_device, torchrun_env
-from libreyolo.engine import optim
-from libreyolo.engine.amp import AmpPolicy, make_scaler, resolve_amp
+from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.checkpoint import load_checkpoint
+from libreyolo.engine.components import build_step_parts
 from libreyolo.engine.ema import ModelEMA
+from libreyolo.engine.graphs import select_step
 from libreyolo.engine.meters import LossMeter
 from libreyolo.engine.rundir import increment_run_dir, write_args
 from libreyolo.engine.state import seed_everything
-from libreyolo.engine.step import EagerStep
 from libreyolo.errors import CheckpointError, ConfigError, DataError
 from libreyolo.render import RichRenderer
 
@@ -51,7 +50,7 @@ class TrainSetup:
     lr0: float
     momentum: float
     ema: ModelEMA | None
-    step: EagerStep
+    step: Any  # EagerStep or a CUDA-graph runner (engine/graphs.py)
     val_loss: Callable
     train_loader: torch.utils.data.DataLoader
     val_loader: torch.utils.data.DataLoader
@@ -155,7 +154,7 @@ def build_setup(trainer: Any) -> TrainSetup:
     device = torch.device(f"cuda:{env['local_rank'] if env else gpus[0]}") if kind == "cuda" else torch.device(kind)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
+    resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
 
     data = load_data_config(cfg.data)
     if ckpt is None:
@@ -169,15 +168,11 @@ def build_setup(trainer: Any) -> TrainSetup:
     model = trainer.model
     net = model.prepare_for_training(data.names, fresh=ckpt is None)
     family = model.family
-    train_net = family.train_net(net, cfg).to(device)
-    if cfg.channels_last and device.type == "cuda":
-        train_net = train_net.to(memory_format=torch.channels_last)
 
     batch = cfg.batch
     if batch == -1:
         notes.append(f"batch=-1 (autobatch) needs a CUDA device; using batch=16 on {device.type}")
         batch = cfg.batch = 16
-    accumulate = max(round(cfg.nbs / batch), 1)
     workers = cfg.workers if cfg.workers is not None else default_workers(batch, len(gpus) if kind == "cuda" else 0)
     pin = device.type == "cuda"
     train_ds = YOLODataset(train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed)
@@ -186,14 +181,9 @@ def build_setup(trainer: Any) -> TrainSetup:
     vl = val_loader(val_ds, min(batch * 2, 64), min(workers, 4), pin)
     nb = tl.batch_sampler.batches_per_epoch()
 
-    iterations = math.ceil(len(train_ds) / max(batch, cfg.nbs)) * cfg.epochs
-    opt_name, lr0, momentum = optim.resolve_optimizer(cfg, data.nc, iterations)
-    decay = cfg.weight_decay * batch * accumulate / cfg.nbs
-    optimizer = optim.build_optimizer(train_net, opt_name, lr0, momentum, decay, device)
-    scaler = make_scaler(amp)
-    ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
-    loss_fn = family.loss(net, cfg)
-    step = EagerStep(train_net, loss_fn, optimizer, scaler, ema, amp.autocast_dtype, cfg.grad_clip, float(batch))
+    parts = build_step_parts(family, net, cfg, device, batch, len(train_ds))
+    eager = parts.eager_step(cfg.grad_clip, cfg.channels_last and device.type == "cuda")
+    step = select_step(eager, parts, cfg, family, device, 1, trainer.emit)
 
     run_dir = Path(ckpt["train"]["run_dir"]) if ckpt is not None else increment_run_dir(cfg.project, cfg.name, cfg.exist_ok)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -201,9 +191,10 @@ def build_setup(trainer: Any) -> TrainSetup:
     write_args(run_dir, cfg.to_dict())
 
     s = TrainSetup(
-        cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=train_net, device=device, amp=amp,
-        scaler=scaler, optimizer=optimizer, optimizer_name=opt_name, lr0=lr0, momentum=momentum, ema=ema, step=step, val_loss=family.loss(net, cfg),
-        train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch, accumulate=accumulate,
+        cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=parts.train_net, device=device,
+        amp=parts.amp, scaler=parts.scaler, optimizer=parts.optimizer, optimizer_name=parts.optimizer_name, lr0=parts.lr0,
+        momentum=parts.momentum, ema=parts.ema, step=step, val_loss=family.loss(net, cfg),
+        train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch, accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,
         run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device), notes=notes,
     )

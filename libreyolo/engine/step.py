@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from libreyolo.engine.ema import ModelEMA
+from libreyolo.engine.flat import FlatParams
 
 PHASES = ("data", "to_device", "forward", "loss", "backward", "optimizer", "ema")
 
@@ -28,6 +29,12 @@ class NoPhases:
 NO_PHASES = NoPhases()
 
 
+def normalize(img: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> float (B, 3, H, W) in [0, 1], on the device: the host only ever moves bytes."""
+    x = img.permute(0, 3, 1, 2).float().div_(255.0)
+    return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
 class EagerStep:
     def __init__(
         self,
@@ -39,23 +46,32 @@ class EagerStep:
         autocast_dtype: torch.dtype | None,
         grad_clip: float,
         batch_scale: float,
+        channels_last: bool = False,
+        flat: FlatParams | None = None,
     ):
         self.net, self.loss_fn, self.optimizer, self.scaler, self.ema = net, loss_fn, optimizer, scaler, ema
         self.autocast_dtype, self.grad_clip, self.batch_scale = autocast_dtype, grad_clip, batch_scale
+        self.channels_last = channels_last
+        self.flat = flat  # flat master weights + half stand-ins (engine/flat.py); None under DDP
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.grads_to_none = True  # graph runners keep .grad buffers alive (their graphs write into them)
         self.skipped: torch.Tensor | None = None  # fp16 steps the scaler skipped (inf/NaN gradients), on device
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        with torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
-            return self.net(x)
+    def forward(self, img: torch.Tensor, cache: bool = True) -> tuple[torch.Tensor, ...]:
+        x = normalize(img, self.channels_last)
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None, cache_enabled=cache):
+            return self.flat.forward(x) if self.flat is not None else self.net(x)
 
-    def __call__(self, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES) -> torch.Tensor:
+    def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES) -> torch.Tensor:
+        """img: uint8 (B, H, W, 3) on the device; returns the detached loss terms [box, cls, dfl]."""
         with phases("forward"):
-            outputs = self.forward(x)
+            outputs = self.forward(img)
         with phases("loss"):
-            loss, items = self.loss_fn(outputs, targets, mask, (x.shape[2], x.shape[3]), self.batch_scale)
+            loss, items = self.loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), self.batch_scale)
         with phases("backward"):
             self.scaler.scale(loss).backward()
+            if self.flat is not None:
+                self.flat.gather_grads()
         if boundary:
             with phases("optimizer"):
                 self.optimizer_step()
@@ -64,14 +80,29 @@ class EagerStep:
                     self.ema.update()
         return items
 
+    def sync(self) -> None:
+        """Graph runners bring device-side counters to the host here, before a checkpoint."""
+
+    def reload(self) -> None:
+        """After weights were loaded into the parameters (resume): refresh what is derived from them."""
+        if self.flat is not None:
+            self.flat.refresh()
+
     def optimizer_step(self) -> None:
         if self.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+            if self.flat is not None:
+                self.flat.clip_grad_norm_(self.grad_clip)
+            else:
+                torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
         scale_before = self.scaler._scale.clone() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if scale_before is not None:  # the scale only drops when the step was skipped
             skipped = (self.scaler._scale < scale_before).int()
             self.skipped = skipped if self.skipped is None else self.skipped + skipped
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.flat is not None:
+            self.flat.zero_grad()
+            self.flat.refresh()
+        else:
+            self.optimizer.zero_grad(set_to_none=self.grads_to_none)

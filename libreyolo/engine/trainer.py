@@ -14,13 +14,13 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
-from libreyolo.engine.checkpoint import save_atomic
+from libreyolo.engine.checkpoint import load_weights, save_atomic
 from libreyolo.engine.meters import LossMeter, Throughput
 from libreyolo.engine.rundir import append_results
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.state import model_record, restore_rng, rng_state
 from libreyolo.engine.step import NO_PHASES
-from libreyolo.eval.validator import to_input, validate
+from libreyolo.eval.validator import validate
 
 HEARTBEAT_S = 10.0
 
@@ -36,9 +36,22 @@ class Trainer:
         self.s: TrainSetup | None = None
         self.after_step: Any = None  # optional callable(trainer) after every step (the profiler's window)
         self.stop_requested: str | None = None  # a run status: the loop ends after the current step
+        self._held: list[ev.Event] | None = []
 
     # --- events -------------------------------------------------------------------------------------
     def emit(self, event: ev.Event) -> None:
+        """Send an event to every sink. Events raised while the run is being set up are held back until
+        run_start has been written, so every events.jsonl begins with run_start."""
+        if event.type == "run_start":
+            self._held, held = None, self._held or []
+            for e in [event, *held]:
+                self._send(e)
+        elif self._held is not None:
+            self._held.append(event)
+        else:
+            self._send(event)
+
+    def _send(self, event: ev.Event) -> None:
         for cb in self.s.sinks if self.s else []:
             cb(event)
 
@@ -117,13 +130,13 @@ class Trainer:
             self._note_bad(batch["bad"])
             optim.apply_schedule(s.optimizer, cfg, epoch, epoch * nb + i, s.warmup_iters, s.momentum)
             with ph("to_device"):
-                x = to_input(batch["img"], s.device, cfg.channels_last)
+                img = batch["img"].to(s.device, non_blocking=True)
                 targets = batch["targets"].to(s.device, non_blocking=True)
                 mask = batch["mask"].to(s.device, non_blocking=True)
             boundary = (i + 1) % s.accumulate == 0 or i == nb - 1
-            items = s.step(x, targets, mask, boundary, ph)
+            items = s.step(img, targets, mask, boundary, ph)
             s.meter.add(items)
-            thr.add(x.shape[0], data_s)
+            thr.add(img.shape[0], data_s)
             i += 1
             if boundary:
                 self.step_in_epoch = i
@@ -208,6 +221,7 @@ class Trainer:
         s = self.s
         if not s.is_main:
             return s.last_path
+        s.step.sync()
         weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
         record.update(epoch=self.epoch, step=self.step_in_epoch, best_fitness=self.best_fitness, metrics=self.best_metrics)
@@ -230,7 +244,8 @@ class Trainer:
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Put a last.pt's train state back (called by setup once everything is built)."""
         s, tr = self.s, ckpt["train"]
-        s.train_net.load_state_dict(tr["net"])
+        load_weights(s.train_net, tr["net"], "last.pt train state")
+        s.step.reload()
         s.optimizer.load_state_dict(tr["optimizer"])
         s.scaler.load_state_dict(tr["scaler"])
         if s.ema is not None and tr["ema"] is not None:

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from libreyolo.data.dataset import YOLODataset
+from libreyolo.engine.step import normalize
 from libreyolo.eval.coco import CocoAccumulator
 
 
 def to_input(img: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, H, W, 3) -> float (B, 3, H, W) in [0, 1], on the device: the host only ever moves bytes."""
-    x = img.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div_(255.0)
-    return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    """Host uint8 (B, H, W, 3) batch -> normalised float (B, 3, H, W) on the device."""
+    return normalize(img.to(device, non_blocking=True), channels_last)
 
 
 @torch.no_grad()

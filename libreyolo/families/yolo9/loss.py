@@ -80,7 +80,9 @@ class DetectionLoss:
 def _dfl(distri: torch.Tensor, target: torch.Tensor, reg_max: int) -> torch.Tensor:
     """Distribution focal loss: cross-entropy to the two bins around each continuous target, mean over sides."""
     logp = distri.unflatten(-1, (4, reg_max)).log_softmax(-1)  # (B, A, 4, R)
-    left = target.long()
+    # clamped so that a non-finite prediction gives a NaN loss (skipped by the scaler) instead of an
+    # out-of-range gather that kills the CUDA context
+    left = target.long().clamp_(0, reg_max - 2)
     w_left = (left + 1).to(target.dtype) - target
     lp = logp.gather(-1, left.unsqueeze(-1)).squeeze(-1)
     rp = logp.gather(-1, (left + 1).unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,154 @@
+"""libreyolo bench step: training-step time on one replayed real batch, eager vs cuda_graph=true vs "full".
+
+Data loading is excluded: one augmented (mosaic) batch of the built-in dataset is moved to the device once
+and replayed. Each mode gets a fresh network (same seed) in the same process, warms up (graph modes capture
+during it), then at least 24 steps are timed one by one with CUDA events. Gradient accumulation runs as in
+training (an optimizer step every nbs/batch steps), so the figures are per training step."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from libreyolo.cli.args import parse_kv
+from libreyolo.config import TrainConfig
+from libreyolo.errors import ConfigError
+
+MODES = {"eager": False, "graph": True, "full": "full"}
+KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer"}
+
+
+def _flag(v: str) -> bool:
+    return v.lower() in ("1", "true", "yes", "on")
+
+
+def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    from libreyolo.data.config import list_images, load_data_config
+    from libreyolo.data.dataset import AugmentConfig, YOLODataset, collate
+    from libreyolo.data.labels import scan_labels
+
+    dc = load_data_config("shapes")
+    ds = YOLODataset(scan_labels(list_images(dc.train), dc.nc), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed)
+    b = collate([ds[(i, 0, True)] for i in range(batch)])
+    return {k: b[k].to(device) for k in ("img", "targets", "mask")}, dc.nc
+
+
+def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None, flat: bool = True) -> tuple[Any, Any]:
+    """A fresh network (seeded) and the step runner for `mode` (eager | graph | full) -> (runner, StepParts)."""
+    from libreyolo.engine.components import build_step_parts
+    from libreyolo.engine.graphs import select_step
+    from libreyolo.families import parse_model_name
+
+    family, size = parse_model_name(cfg.model)
+    torch.manual_seed(cfg.seed)
+    cfg.cuda_graph = MODES[mode]
+    net = family.build(size, nc)
+    parts = build_step_parts(family, net, cfg, device, cfg.batch, 10_000_000, flat=flat)
+    eager = parts.eager_step(cfg.grad_clip, cfg.channels_last and device.type == "cuda")
+    return select_step(eager, parts, cfg, family, device, 1, emit or (lambda e: None)), parts
+
+
+def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc: int, steps: int, warmup: int, kernels: bool) -> dict[str, Any]:
+    notes: list[str] = []
+    step, parts = make_runner(cfg, device, nc, mode, lambda e: notes.append(f"{e.action}: {e.reason}"))
+    acc = parts.accumulate
+    n = 0
+
+    def run(k: int, phases: Any = None) -> None:
+        nonlocal n
+        for _ in range(k):
+            n += 1
+            items = step(data["img"], data["targets"], data["mask"], n % acc == 0, **({"phases": phases} if phases else {}))
+            del items
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    run(warmup)
+    times = []
+    for _ in range(steps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run(1)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            run(1)
+            times.append((time.perf_counter() - t) * 1000)
+    out: dict[str, Any] = {
+        "mode": mode, "median_ms": statistics.median(times), "min_ms": min(times), "steps": steps, "accumulate": acc,
+        "peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+        "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None, "notes": notes,
+    }
+    if kernels:
+        from libreyolo.bench.kernels import count_kernels
+
+        window = acc  # one accumulation window: acc-1 micro steps and one optimizer step
+        out.update(count_kernels(lambda ph: run(window, ph), window, cuda))
+        out["gpu_busy_frac"] = out["gpu_busy_ms_per_step"] / out["median_ms"] if cuda else None
+    del step, parts
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def run(argv: list[str]) -> int:
+    extra = {"modes": str, "steps": int, "warmup": int, "json": _flag, "kernels": _flag}
+    if any(a in ("-h", "--help") for a in argv):
+        from libreyolo.cli.help import show_help
+
+        return show_help("bench step", KEYS, {"modes": "comma list of eager, graph, full (default: all)", "steps": "timed steps (>= 24)",
+                                               "warmup": "untimed steps first (default 16)", "kernels": "count kernels per step and phase (default true)", "json": "print JSON"})
+    kw = parse_kv(argv, KEYS, extra)
+    modes = [m.strip() for m in kw.pop("modes", ",".join(MODES)).split(",")]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ConfigError(f"modes={bad[0]!r}: choose from {', '.join(MODES)}")
+    steps, warmup = max(kw.pop("steps", 24), 24), kw.pop("warmup", 16)
+    as_json, kernels = kw.pop("json", False), kw.pop("kernels", True)
+    kw.setdefault("batch", 8)
+    cfg = TrainConfig.from_overrides({"imgsz": 640, **kw})
+    from libreyolo.distributed.device import parse_device
+
+    kind, gpus = parse_device(cfg.device)
+    device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    data, nc = _batch_on_device(cfg, cfg.batch, device)
+    results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
+    base = next((r["median_ms"] for r in results if r["mode"] == "eager"), None)
+    for r in results:
+        r["speedup_vs_eager"] = base / r["median_ms"] if base else None
+    meta = {"model": cfg.model, "batch": cfg.batch, "imgsz": cfg.imgsz, "amp": cfg.amp, "amp_dtype": cfg.amp_dtype, "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+            "targets_capacity": int(data["targets"].shape[1]), "date": time.strftime("%Y-%m-%d")}
+    if as_json:
+        print(json.dumps({"meta": meta, "results": results}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"bench step: {cfg.model} batch {cfg.batch} imgsz {cfg.imgsz} {cfg.amp_dtype if cfg.amp else 'fp32'} on {meta['gpu']}")
+    for c in ("mode", "median ms", "min ms", "x eager", "kernels/step", "GPU busy", "peak alloc GiB"):
+        t.add_column(c, justify="right")
+    for r in results:
+        t.add_row(r["mode"], f"{r['median_ms']:.1f}", f"{r['min_ms']:.1f}", f"{r['speedup_vs_eager']:.2f}" if r["speedup_vs_eager"] else "-",
+                  f"{r.get('kernels_per_step', 0):.0f}", f"{r['gpu_busy_frac']:.0%}" if r.get("gpu_busy_frac") else "-",
+                  f"{r['peak_allocated_gb']:.2f}" if r["peak_allocated_gb"] is not None else "-")
+    c = Console()
+    c.print(t)
+    for r in results:
+        for note in r["notes"]:
+            c.print(f"  {r['mode']}: {note}")
+        if r.get("per_phase"):
+            c.print(f"  {r['mode']} kernels per phase: " + ", ".join(f"{k} {v:.0f}" for k, v in r["per_phase"].items()))
+    return 0

@@ -1,0 +1,59 @@
+"""The parts of a training step, built the same way for the trainer and for `libreyolo bench step`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from libreyolo.engine import optim
+from libreyolo.engine.amp import AmpPolicy, make_scaler, resolve_amp
+from libreyolo.engine.ema import ModelEMA
+from libreyolo.engine.flat import FlatParams
+from libreyolo.engine.step import EagerStep
+
+
+@dataclass
+class StepParts:
+    net: nn.Module  # the detector (what is validated and saved)
+    train_net: nn.Module  # what the step runs (detector + training-only heads)
+    optimizer: torch.optim.Optimizer
+    optimizer_name: str
+    lr0: float
+    momentum: float
+    scaler: torch.amp.GradScaler
+    ema: ModelEMA | None
+    loss_fn: Callable
+    amp: AmpPolicy
+    accumulate: int
+    batch_scale: float
+    flat: FlatParams | None = None
+
+    def eager_step(self, grad_clip: float, channels_last: bool) -> EagerStep:
+        return EagerStep(self.train_net, self.loss_fn, self.optimizer, self.scaler, self.ema, self.amp.autocast_dtype,
+                         grad_clip, self.batch_scale, channels_last, self.flat)
+
+
+def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device, batch: int, n_train: int,
+                     batch_scale: float | None = None, reduce_normalizer: Callable | None = None, flat: bool = True) -> StepParts:
+    """batch is the per-process batch; batch_scale the loss multiplier (the global batch, see families/yolo9/loss.py).
+    flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients)."""
+    amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
+    train_net = family.train_net(net, cfg).to(device)
+    if cfg.channels_last and device.type == "cuda":
+        train_net = train_net.to(memory_format=torch.channels_last)
+    accumulate = max(round(cfg.nbs / batch), 1)
+    iterations = -(-n_train // max(batch, cfg.nbs)) * cfg.epochs
+    name, lr0, momentum = optim.resolve_optimizer(cfg, net.nc, iterations)
+    decay = cfg.weight_decay * batch * accumulate / cfg.nbs
+    optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device)
+    ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+    channels_last = cfg.channels_last and device.type == "cuda"
+    flat_params = FlatParams(train_net, amp.autocast_dtype, channels_last) if flat else None
+    return StepParts(
+        net=net, train_net=train_net, optimizer=optimizer, optimizer_name=name, lr0=lr0, momentum=momentum,
+        scaler=make_scaler(amp), ema=ema, loss_fn=family.loss(net, cfg, reduce_normalizer), amp=amp,
+        accumulate=accumulate, batch_scale=float(batch if batch_scale is None else batch_scale), flat=flat_params,
+    )

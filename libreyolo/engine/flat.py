@@ -1,0 +1,115 @@
+"""Flat parameter storage for training: fewer kernels per step with the same arithmetic as autocast.
+
+Under autocast every convolution casts its fp32 weight to fp16 on every forward, casts the weight
+gradient back on every backward, and every micro-batch of gradient accumulation adds each gradient into
+.grad: about 1,300 small kernels per YOLOv9-t step. Here instead
+- the fp32 master parameters live in one flat buffer, their .grad are views of one flat gradient buffer;
+- the forward runs through torch.func.functional_call on stand-in leaves: fp16/bf16 copies of the
+  convolution weights (one buffer, refreshed by ONE copy kernel after each optimizer step), and aliases
+  of the other (fp32) parameters;
+- after each backward the stand-ins' gradients are concatenated and added into the flat gradient buffer
+  (a handful of kernels instead of one add per parameter).
+Rounding is the same as autocast's (fp32 -> half weight casts, half gradients accumulated in fp32), so the
+optimizer, the EMA, checkpoints and the state dict all still see ordinary fp32 parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+ALIGN = 128  # elements: 256 bytes in half precision, 512 in float32
+
+
+class FlatParams:
+    def __init__(self, module: nn.Module, half: torch.dtype | None, channels_last: bool = False):
+        self.module = module
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        # half-precision candidates first (convolution kernels), so their masters are one contiguous range
+        is_half = [half is not None and p.dim() == 4 for _, p in named]
+        order = sorted(range(len(named)), key=lambda i: not is_half[i])
+        self.names = [named[i][0] for i in order]
+        self.params = [named[i][1] for i in order]
+        self.n_half_params = sum(is_half)
+        sizes = [p.numel() for p in self.params]
+        # every tensor starts on an ALIGN-element boundary: cuDNN's vectorised kernels fault on misaligned views
+        offsets, off = [], 0
+        for n in sizes:
+            offsets.append(off)
+            off += -(-n // ALIGN) * ALIGN
+        total = off
+        self.n_half = offsets[self.n_half_params] if self.n_half_params < len(sizes) else total
+        self.pads = [offsets[k + 1] - offsets[k] - sizes[k] if k + 1 < len(sizes) else total - offsets[k] - sizes[k] for k in range(len(sizes))]
+        dev = self.params[0].device
+        self.flat = torch.zeros(total, device=dev, dtype=torch.float32)
+        self.flat_grad = torch.zeros_like(self.flat)
+        self.flat_half = torch.zeros(self.n_half, device=dev, dtype=half or torch.float32)
+        self._zeros = {dt: torch.zeros(ALIGN, device=dev, dtype=dt) for dt in {torch.float32, self.flat_half.dtype}}
+        self.proxies: dict[str, torch.Tensor] = {}
+        for k, (name, p, off) in enumerate(zip(self.names, self.params, offsets)):
+            cl = channels_last and p.dim() == 4
+            view = _view(self.flat, off, p.shape, cl)
+            view.copy_(p.detach())
+            p.data = view
+            p.grad = _view(self.flat_grad, off, p.shape, cl)
+            if k < self.n_half_params:
+                proxy = _view(self.flat_half, off, p.shape, cl)
+            else:
+                proxy = p.detach()  # same storage as the master: nothing to refresh
+            self.proxies[name] = proxy.requires_grad_(True)
+        self._half_proxies = [self.proxies[n] for n in self.names[: self.n_half_params]]
+        self._full_proxies = [self.proxies[n] for n in self.names[self.n_half_params :]]
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the fp32 masters of the convolution kernels into their half-precision stand-ins."""
+        if self.n_half:
+            self.flat_half.copy_(self.flat[: self.n_half])
+
+    def forward(self, *args: Any) -> Any:
+        return torch.func.functional_call(self.module, self.proxies, args)
+
+    @torch.no_grad()
+    def gather_grads(self) -> None:
+        """Add the stand-ins' gradients into the flat fp32 gradient buffer and release them."""
+        k0 = 0
+        for proxies, sl in ((self._half_proxies, slice(0, self.n_half)), (self._full_proxies, slice(self.n_half, None))):
+            if not proxies:
+                continue
+            parts = []
+            for k, p in enumerate(proxies, k0):
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                parts.append(_flatten(g))
+                if self.pads[k]:  # zeros for the alignment gap, so the concatenation matches the flat layout
+                    parts.append(self._zeros[g.dtype][: self.pads[k]])
+                p.grad = None
+            self.flat_grad[sl].add_(torch.cat(parts))
+            k0 += len(proxies)
+
+    def zero_grad(self) -> None:
+        self.flat_grad.zero_()
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """torch.nn.utils.clip_grad_norm_ semantics on the one flat buffer: two kernels, no host sync."""
+        norm = torch.linalg.vector_norm(self.flat_grad)
+        self.flat_grad.mul_((max_norm / (norm + 1e-6)).clamp(max=1.0))
+        return norm
+
+
+def _flatten(t: torch.Tensor) -> torch.Tensor:
+    """1-D in memory order (a view, no copy) for contiguous and channels-last tensors alike."""
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return t.permute(0, 2, 3, 1).reshape(-1)
+    return t.reshape(-1)
+
+
+def _view(flat: torch.Tensor, off: int, shape: torch.Size, channels_last: bool) -> torch.Tensor:
+    n = shape.numel()
+    chunk = flat[off : off + n]
+    if channels_last:  # (N, C, H, W) with channels-last strides, as cuDNN wants for NHWC kernels
+        N, C, H, W = shape
+        return chunk.view(N, H, W, C).permute(0, 3, 1, 2)
+    return chunk.view(shape)

@@ -1,0 +1,119 @@
+"""cuda_graph="full": the entire training step in one CUDA graph.
+
+Captured: uint8 -> float normalisation, forward (with the auxiliary head), the loss with its task-aligned
+assigner, backward, and at accumulation boundaries unscale / skip-on-inf / clip / optimizer step / loss-
+scale update / EMA update (capturable.py). What makes that possible:
+- static shapes: targets are padded to a per-image capacity that only grows (powers of two); a batch with
+  more objects than the capacity raises it, and that new shape is captured once stable (a `recapture`);
+- no host synchronisation inside the step: the loss never calls .item() or indexes with a boolean mask,
+  the LR and momentum are device tensors refreshed from pinned memory before each replay, and the loss
+  terms are read by the trainer's asynchronous meter;
+- two graphs per shape: a micro-step (no optimizer) and a boundary step, for gradient accumulation."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from libreyolo import events as ev
+from libreyolo.engine.capturable import CapturableUpdate
+from libreyolo.engine.graphs import GraphRunner
+from libreyolo.engine.step import EagerStep, normalize
+
+
+class _FullGraph:
+    def __init__(self) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.img: torch.Tensor | None = None
+        self.targets: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+        self.items: torch.Tensor | None = None
+
+
+class FullGraphStep(GraphRunner):
+    mode = "full"
+
+    def __init__(self, eager: EagerStep, parts: Any, cfg: Any, emit: Callable[[ev.Event], None], device: torch.device):
+        super().__init__(eager, emit, device)
+        self.update = CapturableUpdate(parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, eager.flat, device)
+        self.capacity = 4
+        self.pool = None
+
+    # shapes: (B, H, W, 3, capacity); graphs: that plus the boundary flag
+    def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> tuple:
+        if targets.shape[1] > self.capacity:
+            old, self.capacity = self.capacity, targets.shape[1]
+            if self.graphs:
+                self.emit(ev.Graph(action="invalidate", mode=self.mode, reason=f"a batch has more objects per image than the captured capacity {old}: capacity raised to {self.capacity}, recapturing once stable", shape=list(img.shape)))
+                self.graphs.clear()
+        return (*img.shape, self.capacity)
+
+    def graph_key(self, shape: tuple, boundary: bool) -> tuple:
+        return (*shape, boundary)
+
+    def describe(self, key: tuple) -> str:
+        return f"the whole {'boundary' if key[-1] else 'micro'} step (target capacity {key[4]})"
+
+    def _pad(self, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = self.capacity - targets.shape[1]
+        if extra > 0:
+            targets = torch.nn.functional.pad(targets, (0, 0, 0, extra))
+            mask = torch.nn.functional.pad(mask, (0, extra))
+        return targets, mask
+
+    def _body(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> torch.Tensor:
+        e = self.eager
+        x = normalize(img, e.channels_last)
+        with torch.autocast("cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False):
+            outs = e.flat.forward(x)
+        loss, items = e.loss_fn(outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale)
+        if e.scaler.is_enabled():
+            loss = loss * e.scaler._scale
+        loss.backward()
+        e.flat.gather_grads()
+        if boundary:
+            self.update.step()
+        return items
+
+    def run_eager(self, img, targets, mask, boundary, phases) -> torch.Tensor:
+        targets, mask = self._pad(targets, mask)
+        if boundary:
+            self.update.load_hyper()
+        with phases("forward"):
+            return self._body(img, targets, mask, boundary)
+
+    def capture(self, key: tuple, img, targets, mask, boundary) -> _FullGraph:
+        targets, mask = self._pad(targets, mask)
+        g = _FullGraph()
+        g.img, g.targets, g.mask = img.clone(), targets.clone(), mask.clone()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(g.graph, pool=self.pool, capture_error_mode="thread_local"):
+            g.items = self._body(g.img, g.targets, g.mask, boundary)
+        return g
+
+    def replay(self, g: _FullGraph, img, targets, mask, boundary, phases) -> torch.Tensor:
+        with phases("to_device"):
+            g.img.copy_(img)
+            g.targets.zero_()
+            g.targets[:, : targets.shape[1]].copy_(targets)
+            g.mask.zero_()
+            g.mask[:, : mask.shape[1]].copy_(mask)
+            if boundary:
+                self.update.load_hyper()
+        # the replay is the whole step: the profiler sees it as one "forward" phase (docs/cuda-graphs.md)
+        with phases("forward"):
+            g.graph.replay()
+        return g.items
+
+    @property
+    def skipped(self) -> torch.Tensor | None:
+        return self.update.skipped
+
+    @skipped.setter
+    def skipped(self, value: torch.Tensor | None) -> None:
+        self.update.skipped.zero_()
+
+    def sync(self) -> None:
+        self.update.sync_to_host()

@@ -1,0 +1,243 @@
+"""CUDA-graph step runners: `cuda_graph=True` replays the network's forward and backward from graphs;
+`cuda_graph="full"` (fullstep.py) replays the whole step. Both are always safe to ask for: where capture
+is impossible they log one line (a `graph` event) and the run trains eagerly, unchanged.
+
+A graph is only valid for the exact shapes it captured, so shapes are counted: a shape seen 3 times in a
+row is captured (the first two run eagerly on a side stream and double as the warm-up capture needs);
+any other shape (the short last batch, multi-scale) runs eagerly."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from libreyolo import events as ev
+from libreyolo.engine.step import NO_PHASES, EagerStep
+
+STABLE_AFTER = 3  # capture on the 3rd consecutive sighting of a shape
+MAX_GRAPHS = 4  # shapes (and micro/boundary variants) kept captured at once
+
+
+def vram_mb(device: torch.device) -> tuple[float, float]:
+    return torch.cuda.memory_allocated(device) / 2**20, torch.cuda.memory_reserved(device) / 2**20
+
+
+class GraphRunner:
+    """Shape bookkeeping, capture-or-eager decisions, fallback and events shared by both graph modes."""
+
+    mode = "off"
+
+    def __init__(self, eager: EagerStep, emit: Callable[[ev.Event], None], device: torch.device):
+        self.eager, self.emit, self.device = eager, emit, device
+        self.graphs: dict[tuple, Any] = {}
+        self.last_shape: tuple | None = None
+        self.repeats = 0
+        self.disabled = False
+        self.eager_shapes: set[tuple] = set()
+        self.captures = 0
+        self._side: torch.cuda.Stream | None = None
+
+    # subclass interface
+    def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> tuple:
+        return tuple(img.shape)
+
+    def run_eager(self, img, targets, mask, boundary, phases) -> torch.Tensor:
+        return self.eager(img, targets, mask, boundary, phases)
+
+    def capture(self, key: tuple, img, targets, mask, boundary) -> Any:
+        raise NotImplementedError
+
+    def replay(self, graph: Any, img, targets, mask, boundary, phases) -> torch.Tensor:
+        raise NotImplementedError
+
+    def graph_key(self, shape: tuple, boundary: bool) -> tuple:
+        return shape
+
+    # the step
+    def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES) -> torch.Tensor:
+        if self.disabled:
+            return self.run_eager(img, targets, mask, boundary, phases)
+        shape = self.shape_key(img, targets)
+        self.repeats = self.repeats + 1 if shape == self.last_shape else 1
+        self.last_shape = shape
+        key = self.graph_key(shape, boundary)
+        graph = self.graphs.get(key)
+        if graph is None and self.repeats >= STABLE_AFTER:
+            graph = self._try_capture(key, img, targets, mask, boundary)
+        if graph is None:
+            if self.graphs and shape not in self.eager_shapes and all(k[: len(shape)] != shape for k in self.graphs):
+                self.eager_shapes.add(shape)
+                self.emit(ev.Graph(action="eager_shape", mode=self.mode, reason=f"shape {list(shape)} differs from the captured one(s): it runs eager", shape=list(shape)))
+            return self._eager_side(img, targets, mask, boundary, phases)
+        try:
+            return self.replay(graph, img, targets, mask, boundary, phases)
+        except Exception as e:  # a failed replay must never end the run
+            self._fallback(f"replay failed ({type(e).__name__}: {e}); training eager from here on", shape)
+            return self.run_eager(img, targets, mask, boundary, phases)
+
+    def _eager_side(self, img, targets, mask, boundary, phases) -> torch.Tensor:
+        """Uncaptured steps run on a side stream: the steps before a capture are its warm-up iterations,
+        which CUDA graphs require to happen off the capturing stream (and they are real training steps,
+        so BatchNorm statistics see exactly what eager training would)."""
+        if self.device.type != "cuda":  # only tests drive a runner without a GPU
+            return self.run_eager(img, targets, mask, boundary, phases)
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        cur = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(cur)
+        with torch.cuda.stream(self._side):
+            out = self.run_eager(img, targets, mask, boundary, phases)
+        cur.wait_stream(self._side)
+        return out
+
+    def _try_capture(self, key: tuple, img, targets, mask, boundary) -> Any:
+        if len(self.graphs) >= MAX_GRAPHS:
+            return None
+        cuda = self.device.type == "cuda"
+        if cuda:
+            # torch.cuda.graph() empties the allocator cache on entry: do it first, so that before/after
+            # differ only by what the capture itself keeps
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        before = vram_mb(self.device) if cuda else (0.0, 0.0)
+        try:
+            graph = self.capture(key, img, targets, mask, boundary)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+        except Exception as e:
+            self._fallback(f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); training eager from here on", key)
+            return None
+        after = vram_mb(self.device) if cuda else (0.0, 0.0)
+        self.graphs[key] = graph
+        self.captures += 1
+        self.emit(ev.Graph(
+            action="capture" if self.captures == 1 else "recapture", mode=self.mode,
+            reason=f"captured {self.describe(key)} after {STABLE_AFTER} steps of shape {list(key[:4])}", shape=list(key[:4]),
+            allocated_before_mb=before[0], allocated_after_mb=after[0], reserved_before_mb=before[1], reserved_after_mb=after[1],
+            delta_allocated_mb=after[0] - before[0], delta_reserved_mb=after[1] - before[1],
+        ))
+        return graph
+
+    def describe(self, key: tuple) -> str:
+        return "the network's forward and backward"
+
+    def _fallback(self, reason: str, shape: tuple | None) -> None:
+        self.disabled = True
+        self.graphs.clear()
+        self.emit(ev.Graph(action="fallback", mode=self.mode, reason=reason, shape=list(shape[:4]) if shape else None))
+
+    def invalidate(self, reason: str) -> None:
+        """Drop every graph (a family hook calls this when what the network computes changes); shapes are
+        counted again and captured anew once stable."""
+        self.graphs.clear()
+        self.last_shape, self.repeats = None, 0
+        self.emit(ev.Graph(action="invalidate", mode=self.mode, reason=reason))
+
+    # passthroughs the trainer uses
+    @property
+    def skipped(self) -> torch.Tensor | None:
+        return self.eager.skipped
+
+    @skipped.setter
+    def skipped(self, value: torch.Tensor | None) -> None:
+        self.eager.skipped = value
+
+    def sync(self) -> None:
+        """Bring device-side counters back to the host (before a checkpoint); nothing to do here."""
+
+    def reload(self) -> None:
+        self.eager.reload()
+
+
+class _NetGraph:
+    """Forward and backward graphs of one input shape, sharing a private memory pool."""
+
+    def __init__(self) -> None:
+        self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        self.x: torch.Tensor | None = None
+        self.outs: tuple[torch.Tensor, ...] = ()
+        self.grad_outs: list[torch.Tensor] = []
+
+
+class NetworkGraphStep(GraphRunner):
+    """cuda_graph=True: the family's capture plan (for YOLOv9 the whole network, auxiliary head included) in two
+    graphs; the loss, the optimizer step, clipping, the EMA and the LR schedule stay eager."""
+
+    mode = "network"
+
+    def capture(self, key: tuple, img, targets, mask, boundary) -> _NetGraph:
+        e = self.eager
+        # the backward graph accumulates into .grad in place, so the buffers must exist and never be freed:
+        # real gradient accumulation over micro-batches (nbs) then works as in eager mode
+        for p in e.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        e.grads_to_none = False
+        g = _NetGraph()
+        g.x = torch.empty(img.shape[0], 3, img.shape[1], img.shape[2], device=img.device,
+                          memory_format=torch.channels_last if e.channels_last else torch.contiguous_format)
+        pool = torch.cuda.graph_pool_handle()
+        # thread-local error mode: the loader's pin-memory thread may allocate host memory meanwhile
+        with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
+            # the autocast weight-cast cache must not outlive the capture: casts are captured kernels
+            with torch.autocast("cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False):
+                g.outs = tuple(e.flat.forward(g.x) if e.flat is not None else e.net(g.x))
+        g.grad_outs = [torch.empty_like(o) for o in g.outs]
+        with torch.cuda.graph(g.bwd, pool=pool, capture_error_mode="thread_local"):
+            torch.autograd.backward(g.outs, grad_tensors=g.grad_outs)
+            if e.flat is not None:
+                e.flat.gather_grads()
+        # keep the output buffers, drop the captured autograd graph: its nodes would otherwise stay alive
+        # (on the capture stream) and make later eager steps synchronise across streams
+        g.outs = tuple(o.detach() for o in g.outs)
+        return g
+
+    def replay(self, g: _NetGraph, img, targets, mask, boundary, phases) -> torch.Tensor:
+        e = self.eager
+        with phases("forward"):
+            g.x.copy_(img.permute(0, 3, 1, 2)).div_(255.0)
+            g.fwd.replay()
+        outs = tuple(o.detach().requires_grad_(True) for o in g.outs)
+        with phases("loss"):
+            loss, items = e.loss_fn(outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale)
+        with phases("backward"):
+            e.scaler.scale(loss).backward()
+            for dst, o in zip(g.grad_outs, outs):
+                dst.copy_(o.grad)
+            g.bwd.replay()
+        if boundary:
+            with phases("optimizer"):
+                e.optimizer_step()
+            with phases("ema"):
+                if e.ema is not None:
+                    e.ema.update()
+        return items
+
+
+def select_step(eager: EagerStep, parts: Any, cfg: Any, family: Any, device: torch.device, world_size: int,
+                emit: Callable[[ev.Event], None]) -> Any:
+    """The step runner for cfg.cuda_graph, or the eager step with one `graph` event saying why not."""
+    mode = cfg.cuda_graph
+    if mode is False:
+        return eager
+    name = "full" if mode == "full" else "network"
+    reason = None
+    if device.type != "cuda":
+        reason = f"cuda_graph={str(mode).lower()} needs a CUDA device; training eager on {device.type}"
+    elif world_size > 1:
+        reason = f"cuda_graph={str(mode).lower()} is not used under DDP ({world_size} processes); training eager"
+    elif not family.capture_plan:
+        reason = f"the {family.name} family has no capture plan; training eager"
+    elif mode == "full" and not family.supports_full_graph:
+        reason = f"the {family.name} family does not support whole-step capture; training eager"
+    elif mode == "full" and eager.flat is None:
+        reason = "cuda_graph=full needs the flat parameter storage (engine/flat.py), which is off here; training eager"
+    if reason:
+        emit(ev.Graph(action="fallback", mode=name, reason=reason))
+        return eager
+    if mode == "full":
+        from libreyolo.engine.fullstep import FullGraphStep
+
+        return FullGraphStep(eager, parts, cfg, emit, device)
+    return NetworkGraphStep(eager, emit, device)

@@ -1,0 +1,210 @@
+"""CPU tests of the AMP policy and the CUDA-graph manager's decisions (the GPU side: test_graphs_gpu.py)."""
+
+import copy
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo import events as ev
+from libreyolo.config import TrainConfig
+from libreyolo.engine import optim
+from libreyolo.engine.amp import resolve_amp
+from libreyolo.engine.capturable import CapturableUpdate
+from libreyolo.engine.flat import FlatParams
+from libreyolo.engine.graphs import GraphRunner, select_step
+from libreyolo.errors import ConfigError
+from libreyolo.events import read_events
+
+from conftest import FAST
+
+CUDA = torch.device("cuda")
+CPU = torch.device("cpu")
+
+
+def test_amp_policy_per_dtype_and_device():
+    fp16 = resolve_amp(True, "float16", CUDA, bf16_supported=lambda: True)
+    assert (fp16.enabled, fp16.dtype, fp16.scaler, fp16.autocast_dtype) == (True, "float16", True, torch.float16)
+    bf16 = resolve_amp(True, "bfloat16", CUDA, bf16_supported=lambda: True)
+    assert (bf16.enabled, bf16.scaler, bf16.autocast_dtype) == (True, False, torch.bfloat16)
+    cpu = resolve_amp(True, "float16", CPU)
+    assert not cpu.enabled and not cpu.scaler and "cpu" in cpu.reason
+    assert not resolve_amp(False, "bfloat16", CUDA).enabled
+
+
+def test_bf16_on_a_device_without_it_raises_at_setup():
+    with pytest.raises(ConfigError, match=r"amp_dtype='bfloat16' requires a CUDA device with BF16 support"):
+        resolve_amp(True, "bfloat16", CUDA, bf16_supported=lambda: False)
+
+
+class _Fam:
+    name, capture_plan, supports_full_graph = "fake", "network", False
+
+
+@pytest.mark.parametrize("device,world,fam_plan,mode,needle", [
+    (CPU, 1, "network", True, "needs a CUDA device; training eager on cpu"),
+    (CUDA, 2, "network", True, "not used under DDP (2 processes)"),
+    (CUDA, 1, "", True, "family has no capture plan"),
+    (CUDA, 1, "network", "full", "does not support whole-step capture"),
+])
+def test_unusable_cuda_graph_falls_back_with_one_event(device, world, fam_plan, mode, needle):
+    fam = _Fam()
+    fam.capture_plan = fam_plan
+    cfg = TrainConfig.from_overrides({"cuda_graph": mode})
+    seen = []
+    eager = object()
+    assert select_step(eager, None, cfg, fam, device, world, seen.append) is eager
+    assert len(seen) == 1 and seen[0].type == "graph" and seen[0].action == "fallback" and needle in seen[0].reason
+
+
+def test_cpu_training_with_cuda_graph_trains_eager_with_one_line(tiny_data, tmp_path):
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 1, "cuda_graph": "full"})
+    events = list(read_events(m.last_run / "events.jsonl"))
+    graph = [e for e in events if e["type"] == "graph"]
+    assert [g["action"] for g in graph] == ["fallback"] and events[-1]["status"] == "finished"
+    assert events[0]["type"] == "run_start"  # held back until run_start was written
+
+
+class _FakeRunner(GraphRunner):
+    """Drives the shape bookkeeping on the CPU: 'capture' returns a token, 'replay' records it."""
+
+    def __init__(self, fail_capture: bool = False):
+        self.log = []
+        self.fail = fail_capture
+        super().__init__(eager=None, emit=self.log.append, device=CPU)
+        self.ran = []
+
+    def run_eager(self, img, targets, mask, boundary, phases):
+        self.ran.append(("eager", tuple(img.shape)))
+        return torch.zeros(3)
+
+    def capture(self, key, img, targets, mask, boundary):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return key
+
+    def replay(self, graph, img, targets, mask, boundary, phases):
+        self.ran.append(("graph", graph))
+        return torch.zeros(3)
+
+
+def _step(r, shape):
+    r(torch.zeros(shape), torch.zeros(shape[0], 4, 5), torch.zeros(shape[0], 4, dtype=torch.bool), True)
+
+
+def test_shape_counter_captures_the_third_consecutive_repeat_and_runs_others_eager():
+    r = _FakeRunner()
+    A, B, C = (8, 64, 64, 3), (8, 96, 96, 3), (3, 64, 64, 3)
+    for s in (A, B, A, A, A, A, C, A, B, B):
+        _step(r, s)
+    kinds = [k for k, _ in r.ran]
+    # A, B, A, A eager; the 3rd consecutive A (5th step) is captured and replayed; C and B eager
+    assert kinds == ["eager", "eager", "eager", "eager", "graph", "graph", "eager", "graph", "eager", "eager"]
+    assert list(r.graphs) == [A]
+    caps = [e for e in r.log if e.action == "capture"]
+    assert len(caps) == 1 and caps[0].shape == list(A)
+    assert {tuple(e.shape) for e in r.log if e.action == "eager_shape"} == {C, B}
+
+
+def test_capture_failure_switches_to_eager_for_the_rest_with_one_event():
+    r = _FakeRunner(fail_capture=True)
+    for _ in range(6):
+        _step(r, (8, 64, 64, 3))
+    assert [k for k, _ in r.ran] == ["eager"] * 6
+    falls = [e for e in r.log if e.action == "fallback"]
+    assert len(falls) == 1 and "capture failed (RuntimeError" in falls[0].reason and r.disabled
+    ev.validate_event(falls[0].to_dict())
+
+
+def test_invalidate_drops_graphs_and_recaptures_once_stable():
+    r = _FakeRunner()
+    for _ in range(3):
+        _step(r, (8, 64, 64, 3))
+    r.invalidate("mosaic closed: the head computes something else")
+    for _ in range(3):
+        _step(r, (8, 64, 64, 3))
+    assert [e.action for e in r.log] == ["capture", "invalidate", "recapture"]
+    assert [k for k, _ in r.ran] == ["eager", "eager", "graph", "eager", "eager", "graph"]
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_capturable_update_matches_torch_optim(name):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 1))
+    net2 = copy.deepcopy(net)
+    o1 = optim.build_optimizer(net, name, 0.01, 0.9, 5e-4, CPU)
+    o2 = optim.build_optimizer(net2, name, 0.01, 0.9, 5e-4, CPU)
+    flat = FlatParams(net2, None)
+    upd = CapturableUpdate(o2, name, torch.amp.GradScaler("cuda", enabled=False), None, 1.0, flat, CPU)
+    for it in range(6):
+        x = torch.randn(2, 3, 8, 8)
+        for o in (o1, o2):  # a schedule that moves LR and momentum every step, as warm-up does
+            for j, g in enumerate(o.param_groups):
+                g["lr"] = 0.01 * (j + 1) * (1 + 0.1 * it)
+                if "momentum" in g:
+                    g["momentum"] = 0.8 + 0.02 * it
+                else:
+                    g["betas"] = (0.8 + 0.02 * it, g["betas"][1])
+        net(x).pow(2).mean().backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        o1.step()
+        o1.zero_grad()
+        flat.forward(x).pow(2).mean().backward()
+        flat.gather_grads()
+        upd.load_hyper()
+        upd.step()
+    for a, b in zip(net.parameters(), net2.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # Adam divides by ~sqrt(v): rounding, not math
+    upd.sync_to_host()
+    if name == "AdamW":
+        assert float(o2.state[next(net2.parameters())]["step"]) == 6.0
+
+
+def test_flat_params_give_the_same_training_as_plain_parameters():
+    """functional_call on stand-ins + flat gradient accumulation == ordinary autograd accumulation."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 1))
+    ref = copy.deepcopy(net)
+    flat = FlatParams(net, None)
+    assert net[0].weight.grad is not None and net[0].weight.data_ptr() == flat.flat.data_ptr()
+    for _ in range(3):  # accumulate three micro-batches
+        x = torch.randn(2, 3, 8, 8)
+        flat.forward(x).pow(2).mean().backward()
+        flat.gather_grads()
+        ref(x).pow(2).mean().backward()
+    for a, b in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(net[1].running_mean, ref[1].running_mean)
+    flat.zero_grad()
+    assert float(flat.flat_grad.abs().sum()) == 0.0 and net[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_non_finite_gradients_skip_the_step_on_the_device(name):
+    """fp16 loss scaling: an inf gradient must leave weights, optimizer state and step count untouched
+    (as GradScaler.step skips the optimizer), count the skip, and back off the scale."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, bias=False), torch.nn.BatchNorm2d(4))
+    opt = optim.build_optimizer(net, name, 0.01, 0.9, 5e-4, CPU)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    flat = FlatParams(net, None)
+    upd = CapturableUpdate(opt, name, scaler, None, 10.0, flat, CPU)
+    before = [p.detach().clone() for p in net.parameters()]
+    (flat.forward(torch.randn(2, 3, 8, 8)).sum() * scaler._scale).backward()
+    flat.gather_grads()
+    flat.flat_grad[0] = float("inf")
+    upd.load_hyper()
+    upd.step()
+    for a, b in zip(before, net.parameters()):
+        assert torch.equal(a, b)
+    assert int(upd.skipped) == 1 and float(scaler._scale) == 512.0 and float(flat.flat_grad.abs().sum()) == 0.0
+    (flat.forward(torch.randn(2, 3, 8, 8)).sum() * scaler._scale).backward()
+    flat.gather_grads()
+    upd.load_hyper()
+    upd.step()
+    assert all(torch.isfinite(p).all() for p in net.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    upd.sync_to_host()
+    if name == "AdamW":
+        assert float(opt.state[next(net.parameters())]["step"]) == 1.0
