@@ -95,3 +95,26 @@ def test_checkpoint_roundtrip_and_pickle_refusal(tmp_path):
     broken.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         LibreYOLO(broken)
+
+
+def test_batched_heads_loss_equals_separate_calls():
+    """Main and auxiliary heads share one loss call; the result must be exactly the weighted sum of two calls."""
+    torch.manual_seed(0)
+    L = DetectionLoss(3)
+    a, b = torch.randn(2, 67, 84, requires_grad=True), torch.randn(2, 67, 84, requires_grad=True)
+    tg = torch.zeros(2, 8, 5)
+    tg[:, 0] = torch.tensor([1, 4, 4, 40, 30])
+    tg[0, 1] = torch.tensor([2, 30, 30, 60, 62])
+    mask = torch.zeros(2, 8, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[0, 1] = True
+    l1, i1 = L(a, tg, mask, (64, 64), 2.0)
+    l2, _ = L(b, tg, mask, (64, 64), 2.0)
+    ref = l1 + 0.25 * l2
+    ga, gb = torch.autograd.grad(ref, (a, b))
+    both, items = L(torch.cat((a, b)), tg, mask, (64, 64), 2.0, (1.0, 0.25))
+    ga2, gb2 = torch.autograd.grad(both, (a, b))
+    torch.testing.assert_close(both, ref)
+    torch.testing.assert_close(items, i1)
+    torch.testing.assert_close(ga2, ga)
+    torch.testing.assert_close(gb2, gb)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,13 +14,14 @@ _ANCHOR_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def make_anchors(
-    shapes: list[tuple[int, int]], strides: list[int], device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Grid-cell centres (A, 2) in feature units and their strides (A, 1), for all levels concatenated.
+    shapes: list[tuple[int, int]], strides: list[int], device: torch.device, dtype: torch.dtype, pixels: bool = False
+) -> Any:
+    """Grid-cell centres (A, 2) in feature units and their strides (A, 1), for all levels concatenated;
+    with pixels=True, the centres in input pixels (A, 2) alone.
 
     Cached per (shapes, device, dtype): the grid only depends on the input size, so a training step does
     not rebuild it (that would be a dozen small kernels per step for nothing)."""
-    key = (tuple(shapes), tuple(strides), str(device), dtype)
+    key = (tuple(shapes), tuple(strides), str(device), dtype, pixels)
     hit = _ANCHOR_CACHE.get(key)
     if hit is not None:
         return hit
@@ -33,6 +35,8 @@ def make_anchors(
         points.append(torch.stack((sx, sy), -1).view(-1, 2))
         stride_t.append(torch.full((h * w, 1), s, dtype=dtype, device=device))
     out = (torch.cat(points), torch.cat(stride_t))
+    if pixels:
+        out = out[0] * out[1]
     if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         _ANCHOR_CACHE[key] = out
     return out
@@ -40,9 +44,21 @@ def make_anchors(
 
 def dfl_decode(distri: torch.Tensor, reg_max: int) -> torch.Tensor:
     """(..., 4*reg_max) logits -> (..., 4) expected distances (left, top, right, bottom) in grid units."""
-    proj = torch.arange(reg_max, device=distri.device, dtype=distri.dtype)
     p = distri.unflatten(-1, (4, reg_max)).softmax(-1)
-    return p @ proj
+    return p @ _bins(reg_max, distri.device, distri.dtype)
+
+
+_BINS: dict[tuple, torch.Tensor] = {}
+
+
+def _bins(reg_max: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    key = (reg_max, str(device), dtype)
+    if key not in _BINS:
+        t = torch.arange(reg_max, device=device, dtype=dtype)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return t  # never cache a tensor that lives in a graph's private pool
+        _BINS[key] = t
+    return _BINS[key]
 
 
 def dist2bbox(dist: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:

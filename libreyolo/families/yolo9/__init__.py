@@ -29,11 +29,10 @@ class Yolo9Loss:
         self.aux_weight = float(cfg.aux_weight)
 
     def __call__(self, outputs: tuple[torch.Tensor, ...], targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float):
-        loss, items = self.main(outputs[0], targets, mask, imgsz, batch_scale)
         if len(outputs) > 1 and self.aux_weight > 0:
-            aux_loss, _ = self.main(outputs[1], targets, mask, imgsz, batch_scale)
-            loss = loss + self.aux_weight * aux_loss
-        return loss, items
+            # both heads in one batched loss call: one assignment, half the kernels
+            return self.main(torch.cat(outputs[:2], 0), targets, mask, imgsz, batch_scale, (1.0, self.aux_weight))
+        return self.main(outputs[0], targets, mask, imgsz, batch_scale)
 
 
 def loss(net: YOLO9, cfg: Any, reduce_normalizer: Callable | None = None) -> Yolo9Loss:

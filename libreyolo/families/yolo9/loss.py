@@ -38,43 +38,50 @@ class DetectionLoss:
         self.reduce_normalizer = reduce_normalizer
 
     def __call__(
-        self, raw: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float
+        self, raw: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float,
+        head_weights: tuple[float, ...] = (1.0,),
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """raw (B, 4R+C, A); targets (B, M, 5) = class, x1, y1, x2, y2 in pixels; mask (B, M) bool.
+        """raw (H*B, 4R+C, A): the outputs of H heads stacked along the batch (YOLOv9: main, auxiliary);
+        targets (B, M, 5) = class, x1, y1, x2, y2 in pixels; mask (B, M) bool.
 
-        batch_scale multiplies the loss (the global batch size, as in the Ultralytics convention that the
-        default learning rates assume)."""
+        All heads go through one assignment and one set of loss kernels (half the launches of two calls);
+        each head keeps its own normaliser. Returns (sum over heads of head_weight * weighted loss, times
+        batch_scale — the global batch, the Ultralytics convention the default LRs assume; and the first
+        head's detached [box, cls, dfl])."""
         raw = raw.float()
-        B = raw.shape[0]
+        H = len(head_weights)
+        if H > 1:
+            targets, mask = targets.repeat(H, 1, 1), mask.repeat(H, 1)
         shapes = [(imgsz[0] // s, imgsz[1] // s) for s in self.strides]
         anchors, stride = make_anchors(shapes, list(self.strides), raw.device, raw.dtype)
+        anchors_px = make_anchors(shapes, list(self.strides), raw.device, raw.dtype, pixels=True)
         distri, logits = raw.transpose(1, 2).split((4 * self.reg_max, self.nc), -1)
         pred_boxes = dist2bbox(dfl_decode(distri, self.reg_max), anchors)  # grid units
 
-        gt_labels = targets[..., 0].long()
-        gt_boxes = targets[..., 1:5]
         t_boxes, t_scores, fg = self.assigner(
-            logits.detach().sigmoid(), pred_boxes.detach() * stride, anchors * stride, gt_labels, gt_boxes, mask
+            logits.detach().sigmoid(), pred_boxes.detach() * stride, anchors_px, targets[..., 0].long(), targets[..., 1:5], mask
         )
-        normalizer = t_scores.sum()
+        normalizer = t_scores.unflatten(0, (H, -1)).sum((1, 2, 3))  # per head
         if self.reduce_normalizer is not None:
             normalizer = self.reduce_normalizer(normalizer)
         normalizer = normalizer.clamp(min=1.0)
 
-        loss_cls = F.binary_cross_entropy_with_logits(logits, t_scores, reduction="sum") / normalizer
-
-        weight = t_scores.sum(-1) * fg  # (B, A); zero on background anchors
+        cls_sum = F.binary_cross_entropy_with_logits(logits, t_scores, reduction="none").unflatten(0, (H, -1)).sum((1, 2, 3))
+        weight = t_scores.sum(-1) * fg  # (H*B, A); zero on background anchors
         # background anchors target their own (detached, non-degenerate) box: the CIoU's aspect term
         # divides by box height and would put NaN gradients behind the zero weight otherwise
         t_boxes = torch.where(fg.unsqueeze(-1), t_boxes / stride, pred_boxes.detach())
-        loss_box = ((1.0 - ciou(pred_boxes, t_boxes)) * weight).sum() / normalizer
-
-        t_dist = bbox2dist(anchors, t_boxes, self.reg_max)  # (B, A, 4)
-        loss_dfl = (_dfl(distri, t_dist, self.reg_max) * weight).sum() / normalizer
+        t_dist = bbox2dist(anchors, t_boxes, self.reg_max)  # (H*B, A, 4)
+        per_anchor = torch.stack(((1.0 - ciou(pred_boxes, t_boxes)), _dfl(distri, t_dist, self.reg_max)), -1) * weight.unsqueeze(-1)
+        box_dfl = per_anchor.unflatten(0, (H, -1)).sum((1, 2))  # (H, 2)
+        items = torch.stack((box_dfl[:, 0], cls_sum, box_dfl[:, 1]), 1) / normalizer.unsqueeze(1)  # (H, 3)
 
         g_box, g_cls, g_dfl = self.gains
-        total = (loss_box * g_box + loss_cls * g_cls + loss_dfl * g_dfl) * batch_scale
-        return total, torch.stack((loss_box, loss_cls, loss_dfl)).detach()
+        per_head = items[:, 0] * g_box + items[:, 1] * g_cls + items[:, 2] * g_dfl
+        total = per_head[0] * head_weights[0]
+        for h in range(1, H):
+            total = total + per_head[h] * head_weights[h]
+        return total * batch_scale, items[0].detach()
 
 
 def _dfl(distri: torch.Tensor, target: torch.Tensor, reg_max: int) -> torch.Tensor:
