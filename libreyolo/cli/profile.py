@@ -73,7 +73,7 @@ def _print_json(data: Any) -> None:
 def cmd_run(argv: list[str]) -> int:
     from libreyolo.profiler.run import run_profile
 
-    a = _run_parser().parse_args(argv)
+    a = _run_parser().parse_intermixed_args(argv)  # key=value pairs may come before or after the flags
     if a.repeat < 1 or a.steps < 1 or a.warmup < 0:
         raise ConfigError(f"--repeat {a.repeat} --steps {a.steps} --warmup {a.warmup}: repeat and steps must be >= 1, warmup >= 0")
     overrides = parse_kv(a.keys)
@@ -85,7 +85,9 @@ def cmd_run(argv: list[str]) -> int:
     if a.json:
         _print_json(result)
         return 0
-    console = Console(highlight=False, soft_wrap=True)
+    from libreyolo.profiler.report import console as report_console
+
+    console = report_console()
     if a.repeat > 1:
         t = Table(title=f"{a.repeat} trials ({result['repeat']})", title_justify="left", box=None, padding=(0, 2), header_style="bold")
         for col in ("trial", "verdict", "step ms", "img/s"):
@@ -122,7 +124,7 @@ def cmd_file(cmd: str, argv: list[str]) -> int:
 
     a = _file_parser(cmd).parse_args(argv)
     p = load_profile(a.file)
-    console = Console(highlight=False, soft_wrap=True)
+    console = report.console()
     if cmd == "summary":
         if a.json:
             _print_json({k: p[k] for k in ("meta", "window", "headline", "verdict")})

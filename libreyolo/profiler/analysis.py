@@ -21,11 +21,11 @@ RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 MALLOC_CALLS = {"cudaMalloc", "cudaMallocAsync", "cuMemAlloc", "cuMemAlloc_v2", "cuMemCreate"}
 FREE_CALLS = {"cudaFree", "cudaFreeAsync", "cuMemFree", "cuMemFree_v2", "cuMemRelease"}
 
-# order matters: implicit-GEMM convolutions are convolutions, not GEMMs
+# order matters: cuDNN's batch-norm kernels are norms, implicit-GEMM convolutions are convolutions, not GEMMs
 _CATEGORY_RULES = (
+    ("norm", re.compile(r"batch_?norm|bn_fw|bn_bw|layer_?norm|group_?norm|welford", re.I)),
     ("conv", re.compile(r"conv|implicit_?gemm|winograd|fprop|dgrad|wgrad|cudnn", re.I)),
     ("gemm", re.compile(r"gemm|matmul|cublas|cutlass|nvjet|\bmm_|_mm\b|bmm", re.I)),
-    ("norm", re.compile(r"batch_?norm|bn_fw|bn_bw|layer_?norm|group_?norm|welford", re.I)),
     ("reduction", re.compile(r"reduce|softmax|argmax|argmin|topk|sort|scan|cub::|sum_|_sum|mean|norm_kernel", re.I)),
     ("optimizer", re.compile(r"multi_tensor_apply|foreach|fused_adam|fused_sgd", re.I)),
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|copy|fill|index|cat_|where|clamp|sigmoid|silu|add|mul", re.I)),

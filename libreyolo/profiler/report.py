@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -21,10 +22,16 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
+def console() -> Console:
+    """Wide when piped (a log, CI, a test): kernel names are long and a table squeezed to 80 columns hides them."""
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
 def _table(title: str, columns: list[str]) -> Table:
     t = Table(title=title, title_justify="left", box=None, padding=(0, 2), header_style="bold", show_edge=False)
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold" if i == 0 else "ellipsis")
+        # the name column folds; the figures never shrink to an ellipsis
+        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i > 0, min_width=24 if i == 0 else None)
     return t
 
 
@@ -95,9 +102,9 @@ def verdict_lines(p: dict[str, Any]) -> list[str]:
     return [f"[bold]verdict: {v['name']}[/]", v["why"], *[f"  {i}. {lever}" for i, lever in enumerate(v["levers"], 1)]]
 
 
-def print_report(p: dict[str, Any], console: Console | None = None, verdict: bool = False) -> None:
+def print_report(p: dict[str, Any], out: Console | None = None, verdict: bool = False) -> None:
     """The end-of-window report; the `profile` event that follows prints the verdict (verdict=True adds it here)."""
-    c = console or Console(highlight=False, soft_wrap=True)
+    c = out or console()
     c.print(headline_table(p))
     c.print(phases_table(p))
     rows = select_kernels(p, top=5)
