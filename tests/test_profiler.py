@@ -56,23 +56,25 @@ def train_with_spy(data, project, **kw):
 
 @pytest.fixture(scope="module")
 def profiled(tiny_data, tmp_path_factory):
-    """8 steps (2 epochs of 4), accumulate 1: warmup 3, then 2 unsynchronised steps across an epoch end, 2 synced."""
-    trainer, spy = train_with_spy(tiny_data, tmp_path_factory.mktemp("prof"), epochs=2, nbs=4, profile=True, profile_warmup=3, profile_steps=4)
+    """16 steps (4 epochs of 4), accumulate 1: warmup 5 (across an epoch end), then 4 unsynchronised steps (across
+    another), then 3 synced, then 4 ordinary ones."""
+    trainer, spy = train_with_spy(tiny_data, tmp_path_factory.mktemp("prof"), epochs=4, nbs=4, profile=True, profile_warmup=5, profile_steps=7)
     return trainer, spy, trainer.s.run_dir
 
 
 def test_window_discards_warmup_measures_two_halves_then_hands_back(profiled):
     trainer, spy, run = profiled
-    # steps 1-3 warmup (no hooks), 4-7 measured (the recorder), 8 the ordinary loop again
-    assert spy.phases == ["NoPhases"] * 3 + ["Recorder"] * 4 + ["NoPhases"]
-    assert spy.profiler_on == [False] * 3 + [True] * 2 + [False] * 3  # torch.profiler runs in the first half only
+    # steps 1-5 warmup (no hooks), 6-12 measured (the recorder), 13-16 the ordinary loop again
+    assert spy.phases == ["NoPhases"] * 5 + ["Recorder"] * 7 + ["NoPhases"] * 4
+    assert spy.profiler_on == [False] * 5 + [True] * 4 + [False] * 7  # torch.profiler runs in the first half only
     assert trainer.phases is NO_PHASES and trainer.after_step is spy
     assert not torch._C._autograd._profiler_enabled()
     w = load_profile(run)["window"]
-    assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (3, 2, 2, 7)
-    assert w["segments"] == 2 and w["traced_steps"] == 2  # step 4 ended epoch 1: its segment closed before validation could run
+    assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (5, 4, 3, 12)
+    # step 8 ended epoch 2: its segment closed before the epoch's end work, the next one opened at step 9
+    assert w["segments"] == 2 and w["traced_steps"] == 4
     ends = [e for e in read_events(run / "events.jsonl") if e["type"] == "run_end"]
-    assert ends[-1]["status"] == "finished" and ends[-1]["epochs_done"] == 2  # training went on to the end
+    assert ends[-1]["status"] == "finished" and ends[-1]["epochs_done"] == 4  # training went on to the end
 
 
 def test_window_rounds_to_accumulation_boundaries(tiny_data, tmp_path):
@@ -97,8 +99,9 @@ def test_profile_off_attaches_nothing(tiny_data, tmp_path):
 
 
 def test_short_run_stops_the_profiler_and_warns(tiny_data, tmp_path):
-    trainer, spy = train_with_spy(tiny_data, tmp_path, epochs=1, nbs=4, profile=True, profile_warmup=1, profile_steps=6)
-    assert spy.phases == ["NoPhases"] + ["Recorder"] * 3
+    # warmup 0: measured from the very first step; 3 + 3 steps needed, the run has 4
+    trainer, spy = train_with_spy(tiny_data, tmp_path, epochs=1, nbs=4, profile=True, profile_warmup=0, profile_steps=6)
+    assert spy.phases == ["Recorder"] * 4 and spy.profiler_on == [True] * 3 + [False]
     assert trainer.phases is NO_PHASES and trainer.after_step is spy and not torch._C._autograd._profiler_enabled()
     warnings = [e for e in read_events(trainer.s.run_dir / "events.jsonl") if e["type"] == "warning" and e["code"] == "profile"]
     assert len(warnings) == 1 and "ended after 4 step(s)" in warnings[0]["message"] and "profile_steps=6" in warnings[0]["message"]

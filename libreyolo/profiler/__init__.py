@@ -8,6 +8,7 @@ explains how to read the report."""
 from __future__ import annotations
 
 import json
+import traceback
 from typing import Any
 
 from libreyolo import events as ev
@@ -31,6 +32,17 @@ def attach(trainer: Any) -> Window | None:
 
 
 def _finish(w: Window) -> None:
+    """Report, or say why not: a failing report must not end the user's training."""
+    try:
+        _report(w)
+    except Exception as e:  # noqa: BLE001 - any failure of the analysis becomes a warning, training goes on
+        path = w.trainer.s.run_dir / "profile_error.txt"
+        path.write_text(traceback.format_exc(), encoding="utf-8")
+        w.trainer.emit(ev.WarningEvent(f"profile: the report failed ({type(e).__name__}: {e}); training continues. "
+                                       f"Traceback in {path}; profile_trace.json holds the raw trace.", code="profile"))
+
+
+def _report(w: Window) -> None:
     from libreyolo.profiler.analysis import slice_trace
     from libreyolo.profiler.artifacts import write_artifacts
     from libreyolo.profiler.report import print_report

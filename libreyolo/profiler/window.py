@@ -140,6 +140,8 @@ class Window:
         self.mem_after: dict[str, int] = {}
         self.peak_allocated = self.peak_reserved = 0
         trainer.after_step = self
+        if plan.warmup == 0:  # the loop starts on an accumulation boundary: measure from its first step
+            self._start_unsync()
 
     # --- boundaries ---------------------------------------------------------------------------------
     def _boundary(self) -> tuple[bool, bool]:
@@ -206,8 +208,6 @@ class Window:
             self._prev_after(trainer)
         self.seen += 1
         boundary, epoch_end = self._boundary()
-        if epoch_end:
-            self.skip_next_data = True
         if self.state == WARMUP:
             self.warmup_steps += 1
             if self.warmup_steps >= self.plan.warmup and boundary:
@@ -226,6 +226,8 @@ class Window:
                 self.state = DONE
                 self.detach()
                 self.on_done(self)
+        # only while the recorder is in place: an epoch that ends in the warmup must not eat the first measured step
+        self.skip_next_data = epoch_end and self.state in (UNSYNC, SYNC)
 
     def _start_unsync(self) -> None:
         self.sync()  # the warmup's queued GPU work must not run inside the window
