@@ -31,18 +31,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _run_parser() -> argparse.ArgumentParser:
+    from libreyolo.config import TrainConfig
+
+    helps = {key: help_ for key, _, help_, _ in TrainConfig.spec()}  # one source for every key's meaning
     p = _Parser(prog="libreyolo profile run", add_help=True)
-    p.add_argument("data", help="dataset yaml, or 'shapes' for the built-in dataset")
-    p.add_argument("--model", default="LibreYOLO9t")
-    p.add_argument("--batch", type=int)
-    p.add_argument("--imgsz", type=int)
-    p.add_argument("--workers")
-    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--amp-dtype", dest="amp_dtype")
+    p.add_argument("data", help=helps["data"])
+    p.add_argument("--model", default="LibreYOLO9t", help=helps["model"])
+    p.add_argument("--batch", type=int, help=helps["batch"])
+    p.add_argument("--imgsz", type=int, help=helps["imgsz"])
+    p.add_argument("--workers", help=helps["workers"])
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help=helps["amp"])
+    p.add_argument("--amp-dtype", dest="amp_dtype", help=helps["amp_dtype"])
     p.add_argument("--cuda-graph", dest="cuda_graph", nargs="?", const="true", help="true (the network) or full (the whole step)")
     p.add_argument("--steps", type=int, default=20, help="measured steps (two halves)")
     p.add_argument("--warmup", type=int, default=5, help="steps discarded first")
-    p.add_argument("--device")
+    p.add_argument("--device", help=helps["device"])
     p.add_argument("--repeat", type=int, default=1, help="N trials into prof_1..prof_N and profile_repeat.json")
     p.add_argument("--try", dest="try_lever", action="store_true", help="apply the verdict's first lever and measure again")
     p.add_argument("--project", default="runs/profile")
