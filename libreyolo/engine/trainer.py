@@ -67,6 +67,10 @@ class Trainer:
                 self.emit(ev.WarningEvent(msg, code="setup"))
             if not s.resumed:
                 self.save("last")
+            if self.cfg.profile:
+                from libreyolo.profiler import attach  # imported only when asked: profile=false costs nothing
+
+                attach(self)
             status = self._epochs()
         except KeyboardInterrupt:
             status = "interrupted"

@@ -1,0 +1,125 @@
+"""`libreyolo profile run`: profile-only runs (as many steps as the window needs), repeats, and `--try`.
+
+A profile run is an ordinary training run with profile=true, no_aug_epochs=0 (epoch 0 is measured with the
+real augmenting loader) and val=false, that ends with status "profiled" once the window is measured: no
+epoch-end "finished" checkpoint is written for a run that trained 25 steps."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from libreyolo import events as ev
+from libreyolo.config import TrainConfig
+from libreyolo.engine.rundir import increment_run_dir
+from libreyolo.errors import LibreYOLOError
+from libreyolo.profiler.artifacts import write_json
+from libreyolo.profiler.schema import load_profile
+
+REPEAT_SCHEMA = "libreyolo.profile_repeat/v1"
+TRY_SCHEMA = "libreyolo.profile_try/v1"
+PROFILE_RUN_KEYS = {"profile": True, "no_aug_epochs": 0, "val": False}
+
+
+class ProfileRunError(LibreYOLOError, RuntimeError):
+    """A profile run that ended without a report."""
+
+
+class _StopWhenProfiled:
+    """A callback: once the `profile` event is out, end the run after the current step."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+
+    def __call__(self, e: ev.Event) -> None:
+        if e.type == "profile" and self.trainer is not None:
+            self.trainer.stop_requested = "profiled"
+
+
+def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: bool = False) -> dict[str, Any]:
+    """Train with profile=true until the window is measured; return the validated profile.json."""
+    from libreyolo import LibreYOLO
+    from libreyolo.engine.trainer import Trainer
+
+    kwargs = {**overrides, **PROFILE_RUN_KEYS, "project": str(project), "name": name, "exist_ok": exist_ok}
+    kwargs.setdefault("model", "LibreYOLO9t")
+    model = LibreYOLO(kwargs["model"], pretrained=kwargs.pop("pretrained", True))
+    cfg = TrainConfig.from_overrides(kwargs, defaults=model.family.defaults)
+    stop = _StopWhenProfiled()
+    cfg.callbacks = [*cfg.callbacks, stop]
+    trainer = Trainer(model, cfg, set(kwargs))
+    stop.trainer = trainer
+    try:
+        trainer.train()
+        run_dir = trainer.s.run_dir
+    finally:
+        del trainer, stop  # persistent loader workers and CUDA memory go before the next trial starts
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    path = run_dir / "profile.json"
+    if not path.is_file():
+        raise ProfileRunError(f"{run_dir}: the run ended before the profile window was measured (see the warning above and "
+                              f"{run_dir / 'events.jsonl'}); lower --warmup/--steps or use a larger dataset")
+    return load_profile(path)
+
+
+def _trial(p: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    h = p["headline"]
+    return {"run_dir": str(run_dir), "verdict": p["verdict"]["name"], "why": p["verdict"]["why"], "step_ms": h["step_ms"],
+            "img_s": h["img_s"], "utilization": h["utilization"], "data_frac": h["data_frac"], "try": p["verdict"]["try"],
+            "lever": p["verdict"]["levers"][0] if p["verdict"]["levers"] else None}
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+
+def trials(overrides: dict[str, Any], base: Path, repeat: int, prefix: str) -> dict[str, Any]:
+    """repeat == 1: one run in `base`; else prefix_1 ... prefix_N inside it. Mean and spread, and `mixed`
+    when the trials do not agree on the verdict."""
+    out = []
+    for k in range(1, repeat + 1):
+        if repeat == 1 and prefix == "prof":  # a single profile is the run folder itself
+            project, name = base.parent, base.name
+        else:
+            project, name = base, prefix if repeat == 1 else f"{prefix}_{k}"
+        out.append(_trial(profile_once(overrides, project, name, exist_ok=True), project / name))
+    verdicts = Counter(t["verdict"] for t in out)
+    return {"schema": REPEAT_SCHEMA, "trials": out, "step_ms": _stats([t["step_ms"] for t in out]), "img_s": _stats([t["img_s"] for t in out]),
+            "verdict": out[0]["verdict"] if len(verdicts) == 1 else "mixed", "verdicts": dict(verdicts)}
+
+
+def run_profile(overrides: dict[str, Any], project: str, name: str, repeat: int = 1, try_lever: bool = False) -> dict[str, Any]:
+    base = increment_run_dir(project, name, exist_ok=False)
+    before = trials(overrides, base, repeat, "prof")
+    result: dict[str, Any] = {**before, "run_dir": str(base), "repeat": None, "try": None}
+    if repeat > 1:
+        write_json(base / "profile_repeat.json", before)
+        result["repeat"] = str(base / "profile_repeat.json")
+    if try_lever:
+        result["try"] = try_first_lever(overrides, base, repeat, before)
+    return result
+
+
+def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: dict[str, Any]) -> dict[str, Any]:
+    """Apply the verdict's first lever, measure again under the same settings otherwise, and compare."""
+    common = Counter(t["verdict"] for t in before["trials"]).most_common(1)[0][0]
+    source = next(t for t in before["trials"] if t["verdict"] == common)
+    lever = source["try"]
+    record: dict[str, Any] = {"schema": TRY_SCHEMA, "verdict": common, "lever": lever, "lever_text": source["lever"],
+                              "before": {"step_ms": before["step_ms"], "img_s": before["img_s"], "verdict": before["verdict"]}}
+    if lever is None:
+        record.update(after=None, speedup=None, note=f"verdict {common!r} has no lever that a setting can try here")
+    else:
+        after = trials({**overrides, **lever}, base, repeat, "try")
+        record.update(after={"step_ms": after["step_ms"], "img_s": after["img_s"], "verdict": after["verdict"], "trials": after["trials"]},
+                      speedup=after["img_s"]["mean"] / before["img_s"]["mean"] if before["img_s"]["mean"] else None)
+    write_json(base / "profile_try.json", record)
+    record["path"] = str(base / "profile_try.json")
+    return record
