@@ -207,11 +207,7 @@ class NetworkGraphStep(GraphRunner):
                 dst.copy_(o.grad)
             g.bwd.replay()
         if boundary:
-            with phases("optimizer"):
-                e.optimizer_step()
-            with phases("ema"):
-                if e.ema is not None:
-                    e.ema.update()
+            e.update(phases)
         return items
 
 

@@ -73,12 +73,16 @@ class EagerStep:
             if self.flat is not None:
                 self.flat.gather_grads()
         if boundary:
-            with phases("optimizer"):
-                self.optimizer_step()
-            with phases("ema"):
-                if self.ema is not None:
-                    self.ema.update()
+            self.update(phases)
         return items
+
+    def update(self, phases: Any = NO_PHASES) -> None:
+        """The end of an accumulation window: optimizer step, then the EMA."""
+        with phases("optimizer"):
+            self.optimizer_step()
+        with phases("ema"):
+            if self.ema is not None:
+                self.ema.update()
 
     def sync(self) -> None:
         """Graph runners bring device-side counters to the host here, before a checkpoint."""

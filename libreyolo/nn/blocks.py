@@ -79,8 +79,23 @@ class RepNCSP(nn.Module):
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
 
 
-class RepNCSPELAN4(nn.Module):
-    """GELAN block: split, two RepNCSP+Conv stages, concatenate all partial outputs, fuse."""
+class _ELAN(nn.Module):
+    """Split cv1's output in two, run the second half through two chained stages, concatenate all four."""
+
+    cv1: nn.Module
+    cv2: nn.Module
+    cv3: nn.Module
+    cv4: nn.Module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.cv1(x).chunk(2, 1)
+        c = self.cv2(b)
+        d = self.cv3(c)
+        return self.cv4(torch.cat((a, b, c, d), 1))
+
+
+class RepNCSPELAN4(_ELAN):
+    """GELAN block: each stage is a RepNCSP followed by a 3x3 Conv."""
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int, n: int = 1):
         super().__init__()
@@ -89,15 +104,9 @@ class RepNCSPELAN4(nn.Module):
         self.cv3 = nn.Sequential(RepNCSP(c4, c4, n), Conv(c4, c4, 3, 1))
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.cv1(x).chunk(2, 1)
-        c = self.cv2(b)
-        d = self.cv3(c)
-        return self.cv4(torch.cat((a, b, c, d), 1))
 
-
-class ELAN1(nn.Module):
-    """The light ELAN stage of the smallest GELAN models (plain convs instead of RepNCSP)."""
+class ELAN1(_ELAN):
+    """The light ELAN stage of the smallest GELAN models: plain 3x3 Convs as stages."""
 
     def __init__(self, c1: int, c2: int, c3: int, c4: int):
         super().__init__()
@@ -105,12 +114,6 @@ class ELAN1(nn.Module):
         self.cv2 = Conv(c3 // 2, c4, 3, 1)
         self.cv3 = Conv(c4, c4, 3, 1)
         self.cv4 = Conv(c3 + 2 * c4, c2, 1, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.cv1(x).chunk(2, 1)
-        c = self.cv2(b)
-        d = self.cv3(c)
-        return self.cv4(torch.cat((a, b, c, d), 1))
 
 
 class ADown(nn.Module):
