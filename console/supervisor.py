@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -103,14 +104,14 @@ def train_argv(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "libreyolo.cli.main", "train", *args]
 
 
-def launch(run_dir: str | os.PathLike, args: list[str]) -> ProcessRecord:
-    """Start `libreyolo train ARGS` detached from this console, logging to run_dir/stdout.log."""
+def launch(run_dir: str | os.PathLike, cmd: list[str], title: str | None = None) -> ProcessRecord:
+    """Start `cmd` detached from this console (own session, stdin /dev/null), appending its output to
+    run_dir/stdout.log after a `$ title` line, and record it in run_dir/supervisor.json."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = train_argv(args)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # stdout.log shows lines as they are printed
     with open(run_dir / STDOUT_LOG, "ab") as log:
-        log.write(f"$ libreyolo train {' '.join(args)}\n".encode())
+        log.write(f"$ {title or shlex.join(cmd)}\n".encode())
         log.flush()
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True, close_fds=True, env=env)
@@ -126,7 +127,7 @@ def start_run(project: str | os.PathLike, args: list[str], name: str = "exp") ->
     """Pick a free run folder under `project` (created atomically), then train into exactly that folder."""
     run_dir = increment_run_dir(project, name, False).resolve()
     full = [*args, f"project={run_dir.parent}", f"name={run_dir.name}", "exist_ok=true"]
-    return run_dir, launch(run_dir, full)
+    return run_dir, launch(run_dir, train_argv(full), shlex.join(["libreyolo", "train", *full]))
 
 
 def last_checkpoint(run_dir: str | os.PathLike) -> Path:
@@ -138,7 +139,8 @@ def resume_run(run_dir: str | os.PathLike) -> ProcessRecord:
     last = last_checkpoint(run_dir)
     if not last.is_file():
         raise FileNotFoundError(f"{last} does not exist: the run stopped before its first checkpoint; start a new run instead")
-    return launch(run_dir, [f"resume={last}"])
+    args = [f"resume={last}"]
+    return launch(run_dir, train_argv(args), shlex.join(["libreyolo", "train", *args]))
 
 
 @dataclass
