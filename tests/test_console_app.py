@@ -1,0 +1,174 @@
+"""The console driven by Textual's Pilot against a real `libreyolo train` subprocess on the tiny dataset:
+start from the form, panels follow the events, Stop climbs the signal ladder, Resume continues, quitting
+leaves the run training, and re-attaching rebuilds the finished run."""
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from console.app import ConsoleApp
+from console.runs import CRASHED, LIVE
+from console.screens.dialogs import ConfirmScreen
+from console.screens.new_run import NewRunScreen
+from console.screens.run import RunScreen
+from console.supervisor import launch, read_record, record_alive
+from console.widgets.epochs import EpochTable
+from console.widgets.progress import ProgressPanel
+from libreyolo import events as ev
+from libreyolo.engine.checkpoint import load_checkpoint
+from libreyolo.events import read_events
+
+
+@pytest.fixture(autouse=True)
+def _own_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
+
+
+@pytest.fixture
+def runs_started():
+    """Run folders whose trainer must not outlive the test, whatever happened."""
+    dirs = []
+    yield dirs
+    for d in dirs:
+        rec = read_record(d)
+        if rec is not None and record_alive(rec):
+            os.killpg(rec.pgid, signal.SIGKILL)
+
+
+async def until(pilot, pred, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await pilot.pause(0.2)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+async def fill(pilot, field: str, text: str) -> None:
+    """Type into a form field as a person would: focus it, clear it, type."""
+    pilot.app.screen.query_one(f"#field-{field}").focus()
+    await pilot.press("end", "ctrl+u", *text)
+
+
+async def start_tiny_run(pilot, data, epochs: int) -> RunScreen:
+    app = pilot.app
+    await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the new-run form (there are no runs yet)", 30)
+    for field, text in (("data", str(data)), ("epochs", str(epochs)), ("batch", "8"), ("imgsz", "64"), ("device", "cpu"),
+                        ("workers", "0"), ("more", "log_interval=0.1")):
+        await fill(pilot, field, text)
+    shown = str(app.screen.query_one("#command").render())
+    assert f"libreyolo train data={data} epochs={epochs} batch=8 imgsz=64 device=cpu workers=0 log_interval=0.1" in shown
+    await pilot.press("ctrl+s")
+    await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run view", 10)
+    return app.screen
+
+
+def test_start_from_the_form_watch_stop_with_the_ladder_then_resume(tiny_data, tmp_path, runs_started):
+    asyncio.run(_start_stop_resume(tiny_data, tmp_path, runs_started))
+
+
+async def _start_stop_resume(tiny_data, tmp_path, runs_started):
+    app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await start_tiny_run(pilot, tiny_data, epochs=2)
+        run_dir = screen.run_dir
+        runs_started.append(run_dir)
+        assert run_dir.parent == (tmp_path / "runs").resolve() and run_dir.name == "exp"
+        rec = read_record(run_dir)
+        assert rec.cmdline[-3:] == [f"project={run_dir.parent}", "name=exp", "exist_ok=true"]
+        await until(pilot, lambda: screen.state.last_step is not None, "the first step event")
+        assert screen.status == LIVE
+        await pilot.pause(0.5)  # one redraw
+        progress = str(screen.query_one(ProgressPanel).render())
+        assert "epoch 1/2" in progress and "img/s" in progress
+        assert screen.state.losses and "live" in str(screen.query_one("#run-status").render())
+
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the stop confirmation", 5)
+        await pilot.press("y")
+        await until(pilot, lambda: screen.status == "interrupted", "the run to end interrupted", 90)
+        await until(pilot, lambda: "stopped by SIGINT" in screen.stop_note, "the stop report")
+        assert read_record(run_dir).stop["ended_by"] == "SIGINT"
+        ck = load_checkpoint(run_dir / "weights" / "last.pt")
+        assert "train" in ck and ck["epoch"] <= 1
+        assert [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"] == ["interrupted"]
+
+        await pilot.press("r")
+        await until(pilot, lambda: screen.status == LIVE, "the resumed process", 10)
+        assert read_record(run_dir).pid != rec.pid
+        await until(pilot, lambda: screen.status == "finished", "the resumed run to finish", 180)
+        await pilot.pause(0.5)
+        assert screen.state.epochs_done == 2 and screen.query_one("#epoch-table", EpochTable).row_count == 2
+    ends = [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"]
+    assert ends == ["interrupted", "finished"]
+    assert "interrupted" in (run_dir / "stdout.log").read_text()  # both processes logged to the same file
+
+
+def test_quitting_leaves_the_run_training_and_reattach_shows_it_finished(tiny_data, tmp_path, runs_started):
+    run_dir = asyncio.run(_start_and_quit(tiny_data, tmp_path, runs_started))
+    rec = read_record(run_dir)
+    assert record_alive(rec), "quitting the console stopped the run"
+    deadline = time.monotonic() + 180
+    while record_alive(rec) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not record_alive(rec), "the run did not finish on its own"
+    assert [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"] == ["finished"]
+
+    asyncio.run(_reattach_finished(run_dir, tmp_path))
+
+
+async def _start_and_quit(tiny_data, tmp_path, runs_started):
+    app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await start_tiny_run(pilot, tiny_data, epochs=1)
+        runs_started.append(screen.run_dir)
+        await until(pilot, lambda: screen.state.start is not None, "run_start")
+        await pilot.press("q")
+    return screen.run_dir
+
+
+async def _reattach_finished(run_dir, tmp_path):
+    again = ConsoleApp(project=tmp_path / "runs", attach=run_dir, gpu_interval=0.5)
+    async with again.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(again.screen, RunScreen), "the attached run", 10)
+        screen = again.screen
+        await until(pilot, lambda: screen.status == "finished" and screen.state.end is not None, "the finished state")
+        await pilot.pause(0.5)
+        assert "100%" in str(screen.query_one(ProgressPanel).render())
+        assert screen.query_one("#epoch-table", EpochTable).row_count == 1
+        assert not screen.check_action("stop", ()) and not screen.check_action("resume", ())
+        await pilot.press("escape")  # back to the run list, which shows it finished
+        await until(pilot, lambda: "finished" in str(again.screen.query_one("#run-list").get_row_at(0)), "the run list")
+
+
+def test_a_run_that_died_without_run_end_shows_crashed_with_its_last_output(tmp_path, runs_started):
+    run_dir = tmp_path / "runs" / "exp"
+    w = ev.EventWriter(run_dir / "events.jsonl")
+    rec = launch(run_dir, [sys.executable, "-c", "print('RuntimeError: CUDA error: out of memory', flush=True)\nimport time; time.sleep(60)"])
+    runs_started.append(run_dir)
+    w.write(ev.Heartbeat(epoch=0, step=3, pid=rec.pid))
+    w.close()
+    deadline = time.monotonic() + 20
+    while "out of memory" not in (run_dir / "stdout.log").read_text().splitlines()[-1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    asyncio.run(_crash_then_resume(run_dir, rec, tmp_path))
+    assert not record_alive(rec)
+
+
+async def _crash_then_resume(run_dir, rec, tmp_path):
+    app = ConsoleApp(project=tmp_path / "runs", attach=run_dir, gpu_interval=0.5)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.status == LIVE, "the live stand-in", 10)
+        screen = app.screen
+        os.killpg(rec.pgid, signal.SIGKILL)  # dies without run_end, as after an OOM kill
+        await until(pilot, lambda: screen.status == CRASHED, "the crashed state", 10)
+        note = screen.query_one("#crash-note")
+        assert note.display and "out of memory" in str(note.render()) and "exited without writing run_end" in str(note.render())
+        assert screen.check_action("resume", ()) and not screen.check_action("stop", ())
+        await pilot.press("r")  # no last.pt: says so instead of starting a trainer that would fail
+        await pilot.pause(0.3)
+        assert any("start a new run instead" in n.message for n in app._notifications)
