@@ -54,8 +54,7 @@ class RunSummary:
 
 
 def find_run_dirs(project: str | os.PathLike) -> list[Path]:
-    """Folders under `project` (up to 3 levels deep) that hold an events.jsonl or a supervisor record,
-    newest first."""
+    """Folders under `project` (up to 3 levels deep) that hold an events.jsonl or a supervisor record."""
     root = Path(project)
     found: list[Path] = []
 
@@ -74,11 +73,7 @@ def find_run_dirs(project: str | os.PathLike) -> list[Path]:
                     walk(Path(e.path), depth + 1)
 
     walk(root, 0)
-    return sorted(found, key=_mtime, reverse=True)
-
-
-def _mtime(d: Path) -> float:
-    return max((d / f).stat().st_mtime for f in (EVENTS, RECORD, ".") if (d / f).exists())
+    return sorted(found)
 
 
 def read_head_tail(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -136,5 +131,7 @@ def summarize(run_dir: Path, project: Path) -> RunSummary:
 
 
 def find_runs(project: str | os.PathLike) -> list[RunSummary]:
+    """Every run under `project`: live ones first, then the most recently started."""
     project = Path(project)
-    return [summarize(d, project) for d in find_run_dirs(project)]
+    runs = [summarize(d, project) for d in find_run_dirs(project)]
+    return sorted(runs, key=lambda r: (r.status != LIVE, -(r.started or 0.0), r.name))

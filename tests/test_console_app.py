@@ -172,3 +172,22 @@ async def _crash_then_resume(run_dir, rec, tmp_path):
         await pilot.press("r")  # no last.pt: says so instead of starting a trainer that would fail
         await pilot.pause(0.3)
         assert any("start a new run instead" in n.message for n in app._notifications)
+
+
+@pytest.mark.parametrize("theme", ["libreyolo-dark", "libreyolo-light", "libreyolo-high-contrast"])
+def test_every_theme_renders_and_t_cycles_and_remembers_it(tmp_path, theme, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")  # the monochrome filter must cope with every theme too
+
+    async def run() -> str:
+        app = ConsoleApp(project=tmp_path / "runs", theme=theme, gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the form", 20)
+            assert app.theme == theme and app.no_color
+            app.screen.query_one("#start").focus()
+            await pilot.press("t")
+            await pilot.pause(0.2)
+            return app.theme
+
+    after = asyncio.run(run())
+    assert after != theme
+    assert (tmp_path / "console.yaml").read_text().strip() == f"theme: {after}"

@@ -190,3 +190,13 @@ def test_themes_load_and_the_choice_is_remembered(tmp_path, monkeypatch):
     assert load_settings() == {"theme": "libreyolo-light"}
     settings_path().write_text("theme: [unclosed\n")
     assert load_settings() == {}  # a broken file is reported and ignored, the console still starts
+
+
+def test_gpu_panel_counts_the_run_s_own_memory_by_pid():
+    from console.widgets.gpu_panel import GpuPanel
+
+    panel = GpuPanel()
+    panel.run_pids = {10, 11}
+    assert panel._run_memory({10: 1024.0, 11: 2048.0, 99: 5.0}) == "run: 3.0 GB in 2 procs (+1 other proc)"
+    assert panel._run_memory({10: None}) == "run: n/a in 1 proc"
+    assert panel._run_memory({}) == "run: -"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from console.gpu import GpuSnapshot
+from console.gpu import DeviceSample, GpuSnapshot
 from console.widgets.fmt import bar, mb
 
 
@@ -30,7 +31,7 @@ class GpuPanel(Widget):
         self.snapshot = snap
         self.refresh(layout=True)
 
-    def render(self) -> Table | Text:
+    def render(self) -> Group | Text:
         snap = self.snapshot
         if snap is None:
             return Text("sampling GPU and CPU ...")
@@ -38,24 +39,45 @@ class GpuPanel(Widget):
         host = f"CPU {h.cpu_percent:3.0f}% of {h.cpus} cores   RAM {h.ram_used_gb:.1f} / {h.ram_total_gb:.1f} GB"
         if not snap.devices:
             return Text(f"GPU  {snap.no_driver}\n{host}")
-        t = Table.grid(padding=(0, 1))
-        for col in ("gpu", "util", "memory", "temp", "power", "run"):
-            t.add_column(col, no_wrap=True)
+        if self.compact:  # one line per GPU, for the overview
+            t = Table.grid(padding=(0, 1))
+            for _ in range(6):
+                t.add_column(no_wrap=True)
+            for d in snap.devices:
+                t.add_row(f"GPU{d.index}", _util(d), _mem(d), _temp(d), _power(d), self._run_memory(d.procs))
+            return t
+        lines = []
         for d in snap.devices:
-            util = "-" if d.util is None else f"{bar(d.util / 100, 8)} {d.util:3.0f}%"
-            mem = "-" if d.mem_used_mb is None else f"{mb(d.mem_used_mb)}/{mb(d.mem_total_mb)}"
-            temp = "-" if d.temp_c is None else f"{d.temp_c:.0f}°C"
-            power = "-" if d.power_w is None else f"{d.power_w:.0f}/{d.power_limit_w or 0:.0f} W"
-            t.add_row(f"{d.index} {d.name}" if not self.compact else f"GPU{d.index}", util, mem, temp, power, self._run_memory(d.procs))
-        if not self.compact:
-            t.add_row(Text(host, style="dim"), "", "", "", "", "")
-        return t
+            mem_frac = d.mem_used_mb / d.mem_total_mb if d.mem_used_mb is not None and d.mem_total_mb else None
+            lines.append(Text(f"GPU {d.index}  {d.name}   util {_util(d, 12)}   {_temp(d)}   {_power(d)}"))
+            lines.append(Text(f"       memory {_mem(d)} {bar(mem_frac, 12)}   {self._run_memory(d.procs)}"))
+        driver = f"   driver {snap.driver}" if snap.driver else ""
+        lines.append(Text(host + driver, style="dim"))
+        return Group(*lines)
 
     def _run_memory(self, procs: dict[int, float | None]) -> str:
         """Memory held by this run's processes; NVML lists processes by pid, so the ranks are matched by pid."""
         mine = {pid: used for pid, used in procs.items() if pid in self.run_pids}
+        others = len(procs) - len(mine)
+        rest = f" (+{others} other proc{'s' if others != 1 else ''})" if others else ""
         if not mine:
-            return f"run: -  ({len(procs)} other process{'es' if len(procs) != 1 else ''})" if procs else "run: -"
+            return "run: -" + rest
         known = [u for u in mine.values() if u is not None]
-        total = mb(sum(known)) if known else "n/a"
-        return f"run: {total} in {len(mine)} process{'es' if len(mine) != 1 else ''}"
+        total = mb(sum(known)) if known else "n/a"  # some drivers (and containers) hide per-process memory
+        return f"run: {total} in {len(mine)} proc{'s' if len(mine) != 1 else ''}{rest}"
+
+
+def _util(d: DeviceSample, width: int = 8) -> str:
+    return "-" if d.util is None else f"{bar(d.util / 100, width)} {d.util:3.0f}%"
+
+
+def _mem(d: DeviceSample) -> str:
+    return "-" if d.mem_used_mb is None else f"{mb(d.mem_used_mb)}/{mb(d.mem_total_mb)}"
+
+
+def _temp(d: DeviceSample) -> str:
+    return "-" if d.temp_c is None else f"{d.temp_c:.0f}°C"
+
+
+def _power(d: DeviceSample) -> str:
+    return "-" if d.power_w is None else f"{d.power_w:.0f}/{d.power_limit_w or 0:.0f} W"

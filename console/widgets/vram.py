@@ -28,11 +28,10 @@ def vram_view(state: RunState) -> Group:
     captures = [g for g in state.graphs if any(g.get(k) is not None for k in ("allocated_before_mb", "delta_allocated_mb"))]
     if captures:
         t = Table(title="graph captures", title_justify="left", box=None, padding=(0, 1), header_style="bold")
-        for col in ("action", "shape", "allocated", "reserved"):
-            t.add_column(col, no_wrap=True)
-        for g in captures:
-            shape = "x".join(map(str, g["shape"])) if g.get("shape") else "-"
-            t.add_row(g["action"], shape, _change(g.get("allocated_before_mb"), g.get("allocated_after_mb"), g.get("delta_allocated_mb")),
+        for col in ("action", "allocated", "reserved"):
+            t.add_column(col, no_wrap=True, min_width=9 if col == "action" else None)
+        for g in captures:  # the shape and the reason are in the graph log above
+            t.add_row(g["action"], _change(g.get("allocated_before_mb"), g.get("allocated_after_mb"), g.get("delta_allocated_mb")),
                       _change(g.get("reserved_before_mb"), g.get("reserved_after_mb"), g.get("delta_reserved_mb")))
         parts.append(t)
     if state.vram:
