@@ -15,6 +15,7 @@ from console.runs import CRASHED, LIVE
 from console.screens.dialogs import ConfirmScreen
 from console.screens.new_run import NewRunScreen
 from console.screens.run import RunScreen
+from console.widgets.run_form import RunForm
 from console.supervisor import launch, read_record, record_alive
 from console.widgets.epochs import EpochTable
 from console.widgets.progress import ProgressPanel
@@ -191,3 +192,30 @@ def test_every_theme_renders_and_t_cycles_and_remembers_it(tmp_path, theme, monk
     after = asyncio.run(run())
     assert after != theme
     assert (tmp_path / "console.yaml").read_text().strip() == f"theme: {after}"
+
+
+def test_form_follows_the_dataset_defaults_and_refuses_what_the_cli_would(tiny_data, tmp_path):
+    async def run() -> None:
+        app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the form", 20)
+            form, screen = app.screen.query_one(RunForm), app.screen
+            command = lambda: str(screen.query_one("#command").render())  # noqa: E731
+            error = lambda: str(screen.query_one("#form-error").render())  # noqa: E731
+            assert form.values()["epochs"] == "30" and command().startswith("$ libreyolo train\n")  # the demo
+            await fill(pilot, "epochs", "7")
+            await fill(pilot, "data", str(tiny_data))
+            values = form.values()
+            assert values["epochs"] == "7" and values["imgsz"] == "640"  # untouched fields follow the real dataset
+            assert f"libreyolo train data={tiny_data} epochs=7\n" in command()
+            await fill(pilot, "imgsz", "100")
+            assert "imgsz=" in error() and "multiple of 32" in error()
+            await pilot.press("ctrl+s")
+            await fill(pilot, "imgsz", "64")
+            await fill(pilot, "data", str(tmp_path / "missing.yaml"))
+            await pilot.press("ctrl+s")
+            await pilot.pause(0.2)
+            assert "missing.yaml" in error() and "does not exist" in error()
+            assert isinstance(app.screen, NewRunScreen) and not (tmp_path / "runs").exists()  # nothing was started
+
+    asyncio.run(run())

@@ -23,6 +23,9 @@ class RunForm(VerticalScroll):
         super().__init__(**kw)
         self.model_names = model_names
         self.touched: set[str] = set()
+        # what the form itself put in each field: a Changed event carrying that value is not the user's edit
+        # (Input and Select also announce their initial values)
+        self.placed: dict[str, str] = command.defaults()
 
     def compose(self) -> ComposeResult:
         base = command.defaults()
@@ -54,9 +57,12 @@ class RunForm(VerticalScroll):
         """Set a field as the user would (it counts as touched)."""
         self._put(key, value)
         self.touched.add(key)
+        if key == "data":
+            self.follow_defaults()
         self.post_message(self.Changed())
 
     def _put(self, key: str, value: str) -> None:
+        self.placed[key] = value
         with self.prevent(Input.Changed, Select.Changed):
             self.query_one(f"#field-{key}").value = value
 
@@ -67,18 +73,19 @@ class RunForm(VerticalScroll):
             if key not in self.touched and key != "data" and self.values()[key] != base[key]:
                 self._put(key, base[key])
 
-    def _changed(self, widget_id: str | None) -> None:
+    def _changed(self, widget_id: str | None, value: object) -> None:
         if widget_id and widget_id.startswith("field-") and widget_id != "field-more":
             key = widget_id.removeprefix("field-")
-            self.touched.add(key)
+            if str(value) != self.placed.get(key):
+                self.touched.add(key)
             if key == "data":
                 self.follow_defaults()
         self.post_message(self.Changed())
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
-        self._changed(event.input.id)
+        self._changed(event.input.id, event.value)
 
     def on_select_changed(self, event: Select.Changed) -> None:
         event.stop()
-        self._changed(event.select.id)
+        self._changed(event.select.id, event.value)
