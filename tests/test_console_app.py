@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from console.app import ConsoleApp
+from console.app import ConsoleApp, main
 from console.runs import CRASHED, LIVE
 from console.screens.dialogs import ConfirmScreen
 from console.screens.new_run import NewRunScreen
@@ -219,3 +219,25 @@ def test_form_follows_the_dataset_defaults_and_refuses_what_the_cli_would(tiny_d
             assert isinstance(app.screen, NewRunScreen) and not (tmp_path / "runs").exists()  # nothing was started
 
     asyncio.run(run())
+
+
+def test_attach_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["attach", str(tmp_path)])
+    assert e.value.code == 2 and f"{tmp_path} is not a run folder" in capsys.readouterr().err
+
+
+def test_command_palette_offers_the_console_commands(tmp_path):
+    async def run() -> str:
+        app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the form", 20)
+            await pilot.press("ctrl+p")
+            await pilot.pause(0.3)
+            await pilot.press(*"theme: libreyolo-light")
+            await pilot.pause(0.5)
+            await pilot.press("enter")
+            await pilot.pause(0.3)
+            return app.theme
+
+    assert asyncio.run(run()) == "libreyolo-light"
