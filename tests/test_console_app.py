@@ -15,6 +15,7 @@ from console.runs import CRASHED, LIVE
 from console.screens.dialogs import ConfirmScreen
 from console.screens.new_run import NewRunScreen
 from console.screens.run import RunScreen
+from console.screens.runs import RunsScreen
 from console.widgets.run_form import RunForm
 from console.supervisor import launch, read_record, record_alive
 from console.widgets.epochs import EpochTable
@@ -68,25 +69,54 @@ async def start_tiny_run(pilot, data, epochs: int) -> RunScreen:
     return app.screen
 
 
-def test_start_from_the_form_watch_stop_with_the_ladder_then_resume(tiny_data, tmp_path, runs_started):
-    asyncio.run(_start_stop_resume(tiny_data, tmp_path, runs_started))
+def test_run_lifecycle_start_quit_reattach_stop_resume_quit_reattach(tiny_data, tmp_path, runs_started):
+    """One run through everything a person does with it (two trainer processes in all, to keep CI short):
+    start it from the form and quit the console; re-attach, stop it, resume it, quit again; it finishes on
+    its own; a third console shows it finished."""
+    run_dir = asyncio.run(_start_and_quit(tiny_data, tmp_path, runs_started))
+    rec = read_record(run_dir)
+    assert record_alive(rec), "quitting the console stopped the run"
+
+    resumed = asyncio.run(_reattach_stop_resume_quit(run_dir, rec, tmp_path))
+    assert resumed.pid != rec.pid and record_alive(resumed), "quitting the console stopped the resumed run"
+    deadline = time.monotonic() + 240
+    while record_alive(resumed) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not record_alive(resumed), "the resumed run did not finish on its own"
+    assert [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"] == ["interrupted", "finished"]
+    assert "interrupted" in (run_dir / "stdout.log").read_text()  # both processes logged to the same file
+
+    asyncio.run(_reattach_finished(run_dir, tmp_path))
 
 
-async def _start_stop_resume(tiny_data, tmp_path, runs_started):
+async def _start_and_quit(tiny_data, tmp_path, runs_started):
     app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
     async with app.run_test(size=(100, 30)) as pilot:
         screen = await start_tiny_run(pilot, tiny_data, epochs=2)
         run_dir = screen.run_dir
         runs_started.append(run_dir)
         assert run_dir.parent == (tmp_path / "runs").resolve() and run_dir.name == "exp"
-        rec = read_record(run_dir)
-        assert rec.cmdline[-3:] == [f"project={run_dir.parent}", "name=exp", "exist_ok=true"]
+        assert read_record(run_dir).cmdline[-3:] == [f"project={run_dir.parent}", "name=exp", "exist_ok=true"]
         await until(pilot, lambda: screen.state.last_step is not None, "the first step event")
         assert screen.status == LIVE
         await pilot.pause(0.5)  # one redraw
         progress = str(screen.query_one(ProgressPanel).render())
         assert "epoch 1/2" in progress and "img/s" in progress
         assert screen.state.losses and "live" in str(screen.query_one("#run-status").render())
+        await pilot.press("q")
+    return run_dir
+
+
+async def _reattach_stop_resume_quit(run_dir, rec, tmp_path):
+    app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RunsScreen) and app.screen.loaded, "the run list", 20)
+        assert "live" in str(app.screen.query_one("#run-list").get_row_at(0))
+        await pilot.press("enter")  # open the live run: every panel is rebuilt from events.jsonl
+        await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run view", 10)
+        screen = app.screen
+        await until(pilot, lambda: screen.state.start is not None and screen.state.losses, "the rebuilt run")
+        assert screen.status == LIVE and screen.record.pid == rec.pid
 
         await pilot.press("s")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the stop confirmation", 5)
@@ -100,36 +130,9 @@ async def _start_stop_resume(tiny_data, tmp_path, runs_started):
 
         await pilot.press("r")
         await until(pilot, lambda: screen.status == LIVE, "the resumed process", 10)
-        assert read_record(run_dir).pid != rec.pid
-        await until(pilot, lambda: screen.status == "finished", "the resumed run to finish", 180)
-        await pilot.pause(0.5)
-        assert screen.state.epochs_done == 2 and screen.query_one("#epoch-table", EpochTable).row_count == 2
-    ends = [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"]
-    assert ends == ["interrupted", "finished"]
-    assert "interrupted" in (run_dir / "stdout.log").read_text()  # both processes logged to the same file
-
-
-def test_quitting_leaves_the_run_training_and_reattach_shows_it_finished(tiny_data, tmp_path, runs_started):
-    run_dir = asyncio.run(_start_and_quit(tiny_data, tmp_path, runs_started))
-    rec = read_record(run_dir)
-    assert record_alive(rec), "quitting the console stopped the run"
-    deadline = time.monotonic() + 180
-    while record_alive(rec) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not record_alive(rec), "the run did not finish on its own"
-    assert [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"] == ["finished"]
-
-    asyncio.run(_reattach_finished(run_dir, tmp_path))
-
-
-async def _start_and_quit(tiny_data, tmp_path, runs_started):
-    app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
-    async with app.run_test(size=(80, 24)) as pilot:
-        screen = await start_tiny_run(pilot, tiny_data, epochs=1)
-        runs_started.append(screen.run_dir)
-        await until(pilot, lambda: screen.state.start is not None, "run_start")
+        resumed = read_record(run_dir)
         await pilot.press("q")
-    return screen.run_dir
+    return resumed
 
 
 async def _reattach_finished(run_dir, tmp_path):
@@ -140,7 +143,7 @@ async def _reattach_finished(run_dir, tmp_path):
         await until(pilot, lambda: screen.status == "finished" and screen.state.end is not None, "the finished state")
         await pilot.pause(0.5)
         assert "100%" in str(screen.query_one(ProgressPanel).render())
-        assert screen.query_one("#epoch-table", EpochTable).row_count == 1
+        assert screen.state.epochs_done == 2 and screen.query_one("#epoch-table", EpochTable).row_count == 2
         assert not screen.check_action("stop", ()) and not screen.check_action("resume", ())
         await pilot.press("escape")  # back to the run list, which shows it finished
         await until(pilot, lambda: "finished" in str(again.screen.query_one("#run-list").get_row_at(0)), "the run list")
