@@ -20,13 +20,14 @@ LIVE, CRASHED = "live", "crashed"
 RESUMABLE = {"interrupted", "failed", CRASHED}
 
 
-def process_alive(rec: ProcessRecord | None, last_start: dict[str, Any] | None) -> bool:
+def process_alive(rec: ProcessRecord | None, pid_event: dict[str, Any] | None) -> bool:
     """Is the run's current process running? With a supervisor record: its pid with its start time. For
-    a run started by hand (no record): run_start's pid, provided that process began before the event."""
+    a run started by hand (no record): the pid of its latest run_start or heartbeat event, provided that
+    process began before the event."""
     if rec is not None:
         return record_alive(rec)
-    if last_start is not None and isinstance(last_start.get("pid"), int):
-        return is_alive(last_start["pid"], 0.0, started_before=last_start.get("t", 0.0))
+    if pid_event is not None and isinstance(pid_event.get("pid"), int):
+        return is_alive(pid_event["pid"], 0.0, started_before=pid_event.get("t", 0.0))
     return False
 
 
@@ -110,7 +111,9 @@ def summarize(run_dir: Path, project: Path) -> RunSummary:
     head, tail = read_head_tail(run_dir / EVENTS)
     rec = read_record(run_dir)
     last_start, last_end = last_of(tail, "run_start"), last_of(tail, "run_end")
-    status = classify(last_start, last_end, rec, process_alive(rec, last_start))
+    # a long run's run_start may be older than the tail; its heartbeats (every 10 s) are not
+    pid_event = last_start or last_of(tail, "heartbeat")
+    status = classify(last_start, last_end, rec, process_alive(rec, pid_event))
     try:
         name = str(run_dir.relative_to(project))
     except ValueError:

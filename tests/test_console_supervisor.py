@@ -185,10 +185,14 @@ def test_find_runs_reports_finished_crashed_live_and_reused_pid(tmp_path, spawne
     _events(project / "exp4", _start(pid=os.getpid(), t=time.time()))
     (project / "exp5").mkdir()
     _events(project / "exp5", _start(pid=os.getpid(), t=psutil.Process().create_time() - 100))  # pid reused since
+    # a long run started by hand: run_start has scrolled out of the file's tail, its heartbeats have not
+    (project / "exp6").mkdir()
+    _events(project / "exp6", _start(pid=os.getpid(), t=time.time()), *[ev.Heartbeat(epoch=0, step=i, pid=os.getpid()) for i in range(1500)])
     got = {r.name: r for r in find_runs(project)}
     assert got["exp"].status == "finished" and got["exp"].epoch == 1 and got["exp"].best_map == pytest.approx(0.42)
     assert got["exp2"].status == CRASHED
     assert got["nested/exp3"].status == LIVE
     assert got["exp4"].status == LIVE
     assert got["exp5"].status == CRASHED
+    assert got["exp6"].status == LIVE and got["exp6"].model == "LibreYOLO9t"
     assert got["exp"].model == "LibreYOLO9t" and got["exp"].epochs == 3
