@@ -52,7 +52,7 @@ def render_profile(p: dict, width: int) -> Group:
     for name, path in p["artifacts"].items():
         arts.append(f"\n  {name}: {path}")
     timeline = p["artifacts"].get("timeline") or next((v for v in p["artifacts"].values() if v.endswith(".html")), None)
-    parts = [title, stats, why, levers, Text("phases per step:", style="bold"), phase_bar(phases, max(width - 2, 10)), legend, arts]
+    parts = [title, stats, why, levers, Text("phases per step:", style="bold"), phase_bar(phases, max(width - 1, 10)), legend, arts]
     if timeline:
         parts.append(Text(f"open the timeline in a browser: {timeline}", style="italic"))
     return Group(*parts)
@@ -70,5 +70,12 @@ class VerdictPanel(VerticalScroll):
         if state.profile is self._shown and self._shown is not None:
             return
         self._shown = state.profile
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()  # the phase bar spans the panel's width
+
+    def _draw(self) -> None:
         body = self.query_one("#verdict-body", Static)
-        body.update(EMPTY if state.profile is None else render_profile(state.profile, self.size.width or 78))
+        width = self.scrollable_content_region.width or 78
+        body.update(EMPTY if self._shown is None else render_profile(self._shown, width))
