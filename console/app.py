@@ -1,0 +1,157 @@
+"""libreyolo-console: start, watch, stop and re-attach to training runs from a terminal.
+
+    libreyolo-console                        # the run list (or, with no runs yet, the ready-to-start demo)
+    libreyolo-console attach runs/train/exp3 # open one run directly
+    libreyolo-console --project runs/other   # list and start runs under another folder
+
+Runs are separate processes in sessions of their own: quitting the console, or losing the SSH
+connection, leaves them training; the next console re-attaches from their run folders."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Iterable
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.signal import Signal
+from textual.worker import get_current_worker
+
+from console.gpu import GpuSampler, GpuSnapshot, sample_loop
+from console.runs import EVENTS, find_run_dirs
+from console.screens.new_run import NewRunScreen
+from console.screens.run import RunScreen
+from console.screens.runs import RunsScreen
+from console.settings import load_settings, save_settings
+from console.supervisor import LADDER, RECORD
+from console.theming import DEFAULT_THEME, load_themes, next_theme
+
+DEFAULT_PROJECT = "runs/train"  # TrainConfig's default project: where `libreyolo train` puts runs
+
+
+class GpuSampled(Message):
+    def __init__(self, snapshot: GpuSnapshot) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+
+class ConsoleApp(App):
+    TITLE = "libreyolo-console"
+    CSS_PATH = "console.tcss"
+    BINDINGS = [
+        Binding("t", "next_theme", "Theme"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, project: str | Path = DEFAULT_PROJECT, attach: str | Path | None = None,
+                 gpu_sampler: GpuSampler | None = None, gpu_interval: float = 1.0,
+                 stop_ladder: tuple[tuple[signal.Signals, float], ...] = LADDER, theme: str | None = None) -> None:
+        super().__init__()
+        self.project = Path(project)
+        self.attach = Path(attach) if attach is not None else None
+        self.gpu_sampler = gpu_sampler or GpuSampler()
+        self.gpu_interval = gpu_interval
+        self.stop_ladder = stop_ladder
+        self.gpu_snapshot: GpuSnapshot | None = None
+        self.gpu_signal: Signal[GpuSnapshot] = Signal(self, "gpu")
+        self.settings = load_settings()
+        self._theme_names: list[str] = []
+        self._requested_theme = theme
+
+    def on_mount(self) -> None:
+        for t in load_themes():
+            self.register_theme(t)
+            self._theme_names.append(t.name)
+        wanted = self._requested_theme or self.settings.get("theme") or DEFAULT_THEME
+        self.theme = wanted if wanted in self.available_themes else DEFAULT_THEME
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
+        self.run_worker(self._sample_gpu, thread=True, group="gpu")
+        self.push_screen(RunsScreen(self.project))
+        if self.attach is not None:
+            self.open_run(self.attach)
+        elif not find_run_dirs(self.project):
+            self.new_run()  # nothing to watch yet: the demo run is one key press away
+
+    # --- GPU sampling, shared by every screen --------------------------------------------------------
+    def _sample_gpu(self) -> None:
+        sample_loop(self.gpu_sampler, lambda s: self.post_message(GpuSampled(s)), get_current_worker().cancelled_event,
+                    self.gpu_interval)
+
+    def on_gpu_sampled(self, message: GpuSampled) -> None:
+        self.gpu_snapshot = message.snapshot
+        self.gpu_signal.publish(message.snapshot)
+
+    # --- navigation -----------------------------------------------------------------------------------
+    def open_run(self, run_dir: Path) -> None:
+        self.push_screen(RunScreen(run_dir))
+
+    def new_run(self) -> None:
+        from libreyolo.families import model_names
+
+        self.push_screen(NewRunScreen(self.project, model_names()))
+
+    def show_started_run(self, run_dir: Path) -> None:
+        """The form started a run: replace the form by the run's view."""
+        self.switch_screen(RunScreen(run_dir))
+
+    def show_runs(self) -> None:
+        while not isinstance(self.screen, RunsScreen) and len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    # --- themes -----------------------------------------------------------------------------------------
+    def action_next_theme(self) -> None:
+        self.theme = next_theme(self.theme, self._theme_names)
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    def _remember_theme(self, theme: object) -> None:
+        self.settings["theme"] = self.theme
+        save_settings(self.settings)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("New run", "Open the new-run form", self.new_run)
+        yield SystemCommand("Runs", "The list of runs under the project", self.show_runs)
+        for name in self._theme_names:
+            yield SystemCommand(f"Theme: {name}", "Switch to this theme (remembered)", partial(setattr, self, "theme", name))
+        if isinstance(screen, RunScreen):
+            yield SystemCommand("Stop run", "SIGINT, then SIGTERM, then SIGKILL after timeouts", screen.action_stop)
+            yield SystemCommand("Resume run", "Restart a stopped or crashed run from its last.pt", screen.action_resume)
+
+
+def _run_folder(path: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{p} is not a folder; pass a run folder such as runs/train/exp3")
+    if not ((p / EVENTS).exists() or (p / RECORD).exists()):
+        raise argparse.ArgumentTypeError(f"{p} is not a run folder (it has no {EVENTS} or {RECORD}); runs live in folders such as runs/train/exp3")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: the options may come before or after `attach` without one default overwriting the other
+    options.add_argument("--project", default=argparse.SUPPRESS,
+                         help=f"folder whose runs are listed and where new runs go (default {DEFAULT_PROJECT})")
+    options.add_argument("--theme", default=argparse.SUPPRESS,
+                         help="theme for this session: libreyolo-dark, libreyolo-light, libreyolo-high-contrast (t cycles them)")
+    parser = argparse.ArgumentParser(prog="libreyolo-console", description=__doc__, parents=[options],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    attach = sub.add_parser("attach", parents=[options], help="open one run directly (live or finished)")
+    attach.add_argument("run_dir", type=_run_folder, help="the run folder, e.g. runs/train/exp3")
+    args = parser.parse_args(argv)
+    args.project = getattr(args, "project", DEFAULT_PROJECT)
+    args.theme = getattr(args, "theme", None)
+    app = ConsoleApp(project=args.project, attach=getattr(args, "run_dir", None), theme=args.theme)
+    app.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The run list: every run under the project with its state; open one, or start a new one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+from textual.worker import Worker, WorkerState
+
+from console.runs import RunSummary, find_runs
+from console.widgets.run_list import RunList
+
+REFRESH_S = 2.0
+
+
+class RunsScreen(Screen):
+    BINDINGS = [
+        Binding("enter", "open", "Open"),
+        Binding("n", "new_run", "New run"),
+        Binding("f5,ctrl+r", "refresh", "Refresh", key_display="f5"),
+    ]
+
+    def __init__(self, project: Path) -> None:
+        super().__init__()
+        self.project = project
+        self.loaded = False
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="")
+        yield Static(id="runs-title")
+        yield RunList(id="run-list")
+        yield Static(id="runs-empty")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = f"runs in {self.project}"
+        self.query_one("#runs-title", Static).update(
+            f"Runs under {self.project}: enter opens one (live runs are re-attached), n starts a new one.")
+        self.action_refresh()
+        self.set_interval(REFRESH_S, self.action_refresh)
+
+    def action_refresh(self) -> None:
+        # find_runs reads the end of every events.jsonl and checks pids: off the UI thread
+        self.run_worker(lambda: find_runs(self.project), thread=True, exclusive=True, group="find-runs")
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group == "find-runs" and event.state == WorkerState.SUCCESS:
+            self.show_runs(event.worker.result)
+
+    def show_runs(self, runs: list[RunSummary]) -> None:
+        self.query_one(RunList).show_runs(runs)
+        self.loaded = True
+        empty = self.query_one("#runs-empty", Static)
+        empty.display = not runs
+        empty.update(f"No runs under {self.project} yet. Press n to start one.")
+
+    def action_open(self) -> None:
+        run = self.query_one(RunList).selected
+        if run is not None:
+            self.app.open_run(run.run_dir)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    def action_new_run(self) -> None:
+        self.app.new_run()

@@ -1,0 +1,151 @@
+"""RunState: everything the run view shows, folded from the event stream.
+
+The panels render from this object only, so re-attaching (reading events.jsonl from the start) and
+watching live (applying new events as they arrive) build exactly the same view."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_POINTS = 2000  # loss-curve points kept; older ones are thinned so a week-long run stays cheap to plot
+
+
+@dataclass
+class EpochRow:
+    epoch: int
+    box: float | None = None
+    cls: float | None = None
+    dfl: float | None = None
+    precision: float | None = None
+    recall: float | None = None
+    map50: float | None = None
+    map: float | None = None
+    time_s: float | None = None
+    img_s: float | None = None
+
+
+@dataclass
+class RunState:
+    start: dict[str, Any] | None = None  # the latest run_start
+    end: dict[str, Any] | None = None  # run_end of the current process (None while it runs)
+    starts: int = 0  # processes that trained this run (1 + resumes)
+    epoch: int = 0
+    epochs: int = 0
+    step: int = 0
+    steps: int = 0
+    mosaic: bool | None = None
+    last_step: dict[str, Any] | None = None
+    # (fractional epoch, box, cls, dfl) per step event
+    losses: list[tuple[float, float, float, float]] = field(default_factory=list)
+    rows: dict[int, EpochRow] = field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = None
+    amp: dict[str, Any] | None = None
+    graphs: list[dict[str, Any]] = field(default_factory=list)
+    vram: list[dict[str, Any]] = field(default_factory=list)
+    profile: dict[str, Any] | None = None
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    t0: float | None = None  # time of the file's first event: graph lines are timed from it
+    last_t: float | None = None  # time of the newest event (heartbeats included)
+    bad_lines: int = 0
+    _thin: int = 1  # keep every _thin-th step event once MAX_POINTS was reached
+    _seen: int = 0
+
+    def apply(self, events: list[dict[str, Any]]) -> None:
+        for e in events:
+            self.last_t = e.get("t", self.last_t)
+            if self.t0 is None:
+                self.t0 = self.last_t
+            handler = getattr(self, "_on_" + str(e.get("type")), None)
+            if handler is not None:
+                try:
+                    handler(e)
+                except (KeyError, TypeError, ValueError):
+                    self.bad_lines += 1  # a malformed event must not take the view down
+
+    # --- handlers -----------------------------------------------------------------------------------
+    def _on_run_start(self, e: dict[str, Any]) -> None:
+        self.start, self.end, self.last_step = e, None, None
+        self.starts += 1
+        self.epochs = e["epochs"]
+        self.epoch = e["start_epoch"]
+        self.steps = e["steps_per_epoch"]
+        self.step = 0
+
+    def _on_epoch_start(self, e: dict[str, Any]) -> None:
+        self.epoch, self.epochs, self.steps, self.mosaic = e["epoch"], e["epochs"], e["steps"], e["mosaic"]
+        self.step = 0
+
+    def _on_step(self, e: dict[str, Any]) -> None:
+        self.last_step = e
+        self.epoch, self.step, self.steps = e["epoch"], e["step"], e["steps"]
+        lo = e["losses"]
+        x = e["epoch"] + e["step"] / max(e["steps"], 1)
+        if self.losses and x < self.losses[-1][0]:
+            # a resumed process replays from its checkpoint: drop the points it will redraw
+            self.losses = [p for p in self.losses if p[0] < x]
+        self._seen += 1
+        if self._seen % self._thin == 0:
+            self.losses.append((x, lo.get("box", 0.0), lo.get("cls", 0.0), lo.get("dfl", 0.0)))
+        if len(self.losses) > MAX_POINTS:
+            self.losses = self.losses[::2]
+            self._thin *= 2
+
+    def _row(self, epoch: int) -> EpochRow:
+        return self.rows.setdefault(epoch, EpochRow(epoch))
+
+    def _on_val(self, e: dict[str, Any]) -> None:
+        r = self._row(e["epoch"])
+        r.precision, r.recall, r.map50, r.map = e["precision"], e["recall"], e["map50"], e["map"]
+
+    def _on_epoch_end(self, e: dict[str, Any]) -> None:
+        r = self._row(e["epoch"])
+        lo = e["losses"]
+        r.box, r.cls, r.dfl = lo.get("box"), lo.get("cls"), lo.get("dfl")
+        r.time_s, r.img_s = e["time_s"], e["img_s"]
+        if e["epoch"] + 1 < self.epochs:
+            self.epoch, self.step = e["epoch"] + 1, 0
+        else:
+            self.epoch, self.step = e["epoch"], self.steps
+
+    def _on_checkpoint(self, e: dict[str, Any]) -> None:
+        self.checkpoint = e
+
+    def _on_amp(self, e: dict[str, Any]) -> None:
+        self.amp = e
+
+    def _on_graph(self, e: dict[str, Any]) -> None:
+        self.graphs.append(e)
+
+    def _on_vram(self, e: dict[str, Any]) -> None:
+        self.vram = [v for v in self.vram if v["epoch"] != e["epoch"]] + [e]
+
+    def _on_profile(self, e: dict[str, Any]) -> None:
+        self.profile = e
+
+    def _on_warning(self, e: dict[str, Any]) -> None:
+        self.warnings.append(e)
+
+    def _on_error(self, e: dict[str, Any]) -> None:
+        self.errors.append(e)
+
+    def _on_run_end(self, e: dict[str, Any]) -> None:
+        self.end = e
+
+    # --- derived ------------------------------------------------------------------------------------
+    @property
+    def epochs_done(self) -> int:
+        return max((r.epoch + 1 for r in self.rows.values() if r.time_s is not None), default=0)
+
+    @property
+    def best(self) -> EpochRow | None:
+        scored = [r for r in self.rows.values() if r.map is not None and r.map50 is not None]
+        return max(scored, key=lambda r: 0.1 * r.map50 + 0.9 * r.map, default=None)
+
+    @property
+    def fraction(self) -> float:
+        """Share of the whole schedule trained (a resumed run counts what earlier processes did)."""
+        if not self.epochs:
+            return 0.0
+        return min(1.0, (self.epoch + self.step / max(self.steps, 1)) / self.epochs)

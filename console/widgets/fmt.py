@@ -1,0 +1,30 @@
+"""Small text helpers shared by the panels. Bars use different characters for done and to-do, so they
+still read correctly with NO_COLOR or on a 16-colour terminal."""
+
+from __future__ import annotations
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def bar(fraction: float | None, width: int) -> str:
+    if width <= 0:
+        return ""
+    f = 0.0 if fraction is None else min(max(fraction, 0.0), 1.0)
+    done = round(f * width)
+    return "█" * done + "░" * (width - done)
+
+
+def num(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def mb(v: float | None) -> str:
+    """MiB as a short size: 812 MB, 12.4 GB."""
+    if v is None:
+        return "-"
+    return f"{v / 1024:.1f} GB" if abs(v) >= 1024 else f"{v:.0f} MB"

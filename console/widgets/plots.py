@@ -1,0 +1,75 @@
+"""Live curves drawn in the terminal (plotext): training losses per step event, P/R/mAP per epoch."""
+
+from __future__ import annotations
+
+from textual.color import Color
+from textual_plotext import PlotextPlot
+
+from console.state import RunState
+
+# With NO_COLOR every curve is the same colour, so each gets its own marker character instead.
+_PLAIN_MARKERS = ("+", "x", "o", "*")
+# Curve colours come from the app's theme, set explicitly: plotext's own colour sequence depends on global
+# state (which themes were registered first), which made the same screen render differently.
+_THEME_COLORS = ("primary", "warning", "success", "error")
+
+
+class _Plot(PlotextPlot):
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)
+        self._state: RunState | None = None
+
+    def on_mount(self) -> None:
+        # (Textual also runs PlotextPlot.on_mount: handlers of every class in the MRO are called)
+        self.app.theme_changed_signal.subscribe(self, self._recolor)
+
+    def _recolor(self, _theme: object) -> None:
+        if self._state is not None:
+            self.show_state(self._state)
+
+    def show_state(self, state: RunState) -> None:
+        self._state = state
+        plt = self.plt
+        plt.clear_data()
+        self.draw(state)
+        self.refresh()
+
+    def draw(self, state: RunState) -> None:
+        raise NotImplementedError
+
+    def series(self) -> list[tuple[str, tuple[int, int, int]]]:
+        """(marker, colour) for each curve in turn."""
+        variables = self.app.theme_variables
+        colors = [Color.parse(variables.get(name, "white")).rgb for name in _THEME_COLORS]
+        markers = _PLAIN_MARKERS if self.app.no_color else ("hd",) * len(_PLAIN_MARKERS)
+        return list(zip(markers, colors))
+
+
+class LossPlot(_Plot):
+    """box, cls and dfl loss (means since the epoch began) against training progress in epochs."""
+
+    def draw(self, state: RunState) -> None:
+        plt = self.plt
+        plt.title("training loss")
+        plt.xlabel("epoch")
+        pts = state.losses
+        if pts:
+            xs = [p[0] for p in pts]
+            for i, (name, (marker, color)) in enumerate(zip(("box", "cls", "dfl"), self.series())):
+                plt.plot(xs, [p[i + 1] for p in pts], label=name, marker=marker, color=color)
+
+
+class MetricsPlot(_Plot):
+    """Validation precision, recall, mAP50 and mAP50-95 per epoch."""
+
+    def draw(self, state: RunState) -> None:
+        plt = self.plt
+        plt.title("validation")
+        plt.xlabel("epoch")
+        rows = [r for _, r in sorted(state.rows.items()) if r.map is not None]
+        if rows:
+            xs = [r.epoch + 1 for r in rows]
+            series = (("P", [r.precision for r in rows]), ("R", [r.recall for r in rows]),
+                      ("mAP50", [r.map50 for r in rows]), ("mAP50-95", [r.map for r in rows]))
+            for (name, ys), (marker, color) in zip(series, self.series()):
+                plt.plot(xs, ys, label=name, marker=marker, color=color)

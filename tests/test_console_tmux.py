@@ -1,0 +1,123 @@
+"""A person's test, scripted with tmux: start the console, start a run from the form, kill the tmux session
+(what an SSH drop does: the console gets SIGHUP), start a new console, re-attach, and watch the run go on.
+Skipped where tmux is not installed (.ci/run installs it)."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from console.supervisor import read_record, record_alive
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+class Tmux:
+    """A private tmux server (its own socket), so the test neither sees nor touches anyone else's sessions."""
+
+    def __init__(self, env: dict[str, str]):
+        self.socket = f"libreyolo-test-{uuid.uuid4().hex[:8]}"
+        self.env = env
+
+    def __call__(self, *args: str) -> str:
+        r = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, env=self.env, timeout=30)
+        return r.stdout
+
+    def start(self, name: str, cmd: list[str]) -> None:
+        self("new-session", "-d", "-s", name, "-x", "80", "-y", "24", " ".join(cmd))
+
+    def screen(self, name: str) -> str:
+        return self("capture-pane", "-p", "-t", name)
+
+    def wait(self, name: str, pred, what: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline:
+            text = self.screen(name)
+            if pred(text):
+                return text
+            time.sleep(0.3)
+        pytest.fail(f"timed out waiting for {what}; the screen was:\n{text}")
+
+    def keys(self, name: str, *keys: str, literal: bool = False) -> None:
+        self("send-keys", "-t", name, *(["-l"] if literal else []), *keys)
+
+
+def _form_field(screen: str, key: str) -> str:
+    """The text in a form field (not the help beside it, which may contain the same words)."""
+    row = next((line for line in screen.splitlines() if line.startswith(f" {key} ")), "")
+    return row[13:39].strip()
+
+
+def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tmp_path):
+    env = {**os.environ, "LIBREYOLO_CONSOLE_CONFIG": str(tmp_path / "console.yaml"), "TERM": "xterm-256color"}
+    env.pop("TMUX", None)
+    tmux = Tmux(env)
+    project = tmp_path / "runs"
+    console = [sys.executable, "-m", "console", "--project", str(project)]
+    run_dir = None
+    try:
+        tmux.start("first", console)
+        tmux.wait("first", lambda s: "$ libreyolo train" in s and "Start" in s, "the new-run form")
+        # tab from Start past Cancel to the fields, typing as a person would (waiting for each to show up)
+        tmux.keys("first", "Tab")
+        tmux.keys("first", "Tab")
+        tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
+        for key, value in (("data", str(tiny_data)), ("epochs", "5"), ("batch", "8"), ("imgsz", "64"), ("device", "cpu")):
+            tmux.keys("first", "Tab")
+            tmux.wait("first", lambda s, k=key: f" {k}: " in s, f"focus on {key}")
+            tmux.keys("first", "C-u")
+            # Textual runs a key binding's action after already-queued characters: wait for the clear
+            tmux.wait("first", lambda s, k=key: not _form_field(s, k), f"{key} cleared")
+            tmux.keys("first", value, literal=True)
+            tmux.wait("first", lambda s, k=key, v=value: v.endswith(_form_field(s, k)) and _form_field(s, k), f"{key}={value} in the form")
+        tmux.keys("first", "C-s")
+        screen = tmux.wait("first", lambda s: "live pid" in s and re.search(r"step [1-9]\d*/", s) is not None,
+                           "the run view with a first step", 120)
+        assert re.search(r"epoch [12]/5", screen), screen
+        run_dir = next(p for p in project.iterdir() if p.is_dir())
+        rec = read_record(run_dir)
+        console_pid = int(tmux("list-panes", "-t", "first", "-F", "#{pane_pid}").split()[0])
+
+        tmux("kill-session", "-t", "first")  # the SSH connection drops: the console's terminal hangs up
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _exists(console_pid):
+            time.sleep(0.1)
+        assert not _exists(console_pid), "the console survived its terminal"
+        assert record_alive(rec), "the run died with the console's terminal"
+
+        tmux.start("second", [*console, "attach", str(run_dir)])
+        first = tmux.wait("second", lambda s: "live pid" in s and "step" in s, "the re-attached live run")
+        before = re.search(r"epoch \d+/5  step \d+/\d+", first).group(0)
+        after = tmux.wait("second", lambda s: (m := re.search(r"epoch \d+/5  step \d+/\d+", s)) is not None and m.group(0) != before
+                          or "finished" in s, "the run to progress in the new console", 180)
+        assert "libreyolo-console" in after and "training loss" in after
+        # (the run is not waited for: the cleanup below ends it)
+    finally:
+        tmux("kill-server")
+        if run_dir is not None:
+            rec = read_record(run_dir)
+            if rec is not None and record_alive(rec):
+                os.killpg(rec.pgid, signal.SIGKILL)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].startswith("Z")
+    except OSError:
+        return False
