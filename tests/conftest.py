@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
+# One intra-op thread per process: several tests run two or three processes at once (DDP ranks, a
+# trainer beside the console), and OpenMP threads spinning against each other on 2 cores made steps
+# 20-50x slower than single-threaded ones. Set before torch is imported; subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
