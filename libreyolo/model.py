@@ -87,14 +87,25 @@ class LibreYOLO:
         kwargs.setdefault("model", self.source)
         user_keys = set(kwargs)
         cfg = TrainConfig.from_overrides(kwargs, defaults=self.family.defaults)
+        # several GPUs outside torchrun: one process per GPU (distributed/launch.py), each running this method
+        from libreyolo.distributed.launch import spawn_ddp_train, spawn_plan
+
+        plan = spawn_plan(cfg, user_keys)
+        if plan is not None:
+            return spawn_ddp_train(self, kwargs, *plan)
         trainer = Trainer(self, cfg, user_keys)
         metrics = trainer.train()
-        best = trainer.s.best_path if trainer.s.best_path.exists() else trainer.s.last_path
-        if best.exists():
+        self.adopt_run(trainer.s.run_dir, metrics)
+        return metrics
+
+    def adopt_run(self, run_dir: Path, metrics: dict[str, float]) -> None:
+        """Take a finished run's best weights (its last if it never validated) and metrics."""
+        weights = run_dir / "weights"
+        best = weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt"
+        if best.exists():  # under multi-node torchrun, ranks on other nodes do not see rank 0's files
             self.load_record(load_checkpoint(best))
         self.metrics = metrics
-        self.last_run = trainer.s.run_dir
-        return metrics
+        self.last_run = run_dir
 
     def val(self, data: str | None = None, **kwargs: Any) -> dict[str, Any]:
         from libreyolo.eval.run import run_val

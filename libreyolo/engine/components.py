@@ -38,7 +38,8 @@ class StepParts:
 
 def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device, batch: int, n_train: int,
                      batch_scale: float | None = None, reduce_normalizer: Callable | None = None, flat: bool = True) -> StepParts:
-    """batch is the per-process batch; batch_scale the loss multiplier (the global batch, see families/yolo9/loss.py).
+    """batch is the global batch (all processes together: accumulation, weight decay and the step count follow
+    it); batch_scale the loss multiplier, by default that same global batch (see families/yolo9/loss.py).
     flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients)."""
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     train_net = family.train_net(net, cfg).to(device)

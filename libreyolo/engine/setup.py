@@ -18,7 +18,9 @@ from libreyolo.data.config import DataConfig, list_images, load_data_config
 from libreyolo.data.dataset import AugmentConfig, YOLODataset
 from libreyolo.data.labels import LabelSet, scan_labels
 from libreyolo.data.loader import TrainBatchSampler, default_workers, train_loader, val_loader
-from libreyolo.distributed.device import parse_device, torchrun_env
+from libreyolo.distributed import context as distributed
+from libreyolo.distributed.context import DistContext
+from libreyolo.engine import autobatch
 from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.engine.components import build_step_parts
@@ -72,6 +74,7 @@ class TrainSetup:
     resumed: bool = False
     is_main: bool = True
     world_size: int = 1
+    dist: DistContext = field(default_factory=DistContext)
     t_start: float = field(default_factory=time.time)
 
     @property
@@ -147,63 +150,84 @@ def _scan(data: DataConfig, split: str, nc: int, notes: list[str]) -> LabelSet:
 def build_setup(trainer: Any) -> TrainSetup:
     ckpt = _resume_config(trainer) if trainer.cfg.resume else None
     cfg: TrainConfig = trainer.cfg
-    env = torchrun_env()
-    kind, gpus = parse_device(cfg.device)
-    if len(gpus) > 1 and env is None:
-        raise ConfigError(f"device={cfg.device}: training on several GPUs is not available yet in this version; use one GPU (device=0)")
-    device = torch.device(f"cuda:{env['local_rank'] if env else gpus[0]}") if kind == "cuda" else torch.device(kind)
+    # under torchrun (or the spawn launcher's workers) this joins the process group and picks cuda:LOCAL_RANK
+    device, dist = distributed.start(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
+    amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
+    notes: list[str] = []
+    if dist.world_size > 1:
+        _distributed_checks(trainer.model.family, cfg, dist, notes)
 
-    data = load_data_config(cfg.data)
+    with dist.main_first():  # rank 0 generates the built-in dataset and writes label caches; the others reuse them
+        data = load_data_config(cfg.data)
+        train_ls, val_ls = _scan(data, "train", data.nc, notes), _scan(data, "val", data.nc, notes)
     if ckpt is None:
         for k, v in data.suggested.items():
             if k not in trainer.user_keys:
                 setattr(cfg, k, TrainConfig.parse_value(k, v))
     seed_everything(cfg.seed, cfg.deterministic)
-    notes: list[str] = []
-    train_ls, val_ls = _scan(data, "train", data.nc, notes), _scan(data, "val", data.nc, notes)
 
     model = trainer.model
     net = model.prepare_for_training(data.names, fresh=ckpt is None)
     family = model.family
 
-    batch = cfg.batch
-    if batch == -1:
-        notes.append(f"batch=-1 (autobatch) needs a CUDA device; using batch=16 on {device.type}")
-        batch = cfg.batch = 16
-    workers = cfg.workers if cfg.workers is not None else default_workers(batch, len(gpus) if kind == "cuda" else 0)
+    # `batch` is the global batch: accumulation, weight decay and the loss scale follow it; loaders use the per-rank share
+    probe = lambda: autobatch.probe_model(family, model.size, data.nc, cfg, device)  # noqa: E731
+    batch = cfg.batch = autobatch.resolve_global_batch(cfg, device, dist, probe, amp.autocast_dtype, notes)
+    batch_per_rank = distributed.split_batch(batch, dist.world_size)
+    workers = cfg.workers if cfg.workers is not None else default_workers(batch_per_rank, dist.local_world_size if device.type == "cuda" else 0)
     pin = device.type == "cuda"
     train_ds = YOLODataset(train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed)
     val_ds = YOLODataset(val_ls, cfg.imgsz, augment=False)
-    tl = train_loader(train_ds, batch, workers, cfg.seed, pin)
-    vl = val_loader(val_ds, min(batch * 2, 64), min(workers, 4), pin)
+    tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size)
+    vl = val_loader(val_ds, min(batch_per_rank * 2, 64), min(workers, 4), pin)
     nb = tl.batch_sampler.batches_per_epoch()
 
-    parts = build_step_parts(family, net, cfg, device, batch, len(train_ds))
+    ddp = dist.world_size > 1  # DDP hooks the registered parameters' gradients: no flat parameter storage then
+    parts = build_step_parts(family, net, cfg, device, batch, len(train_ds), reduce_normalizer=dist.normalizer_reducer(), flat=not ddp)
+    parts.train_net = distributed.sync_batchnorm(parts.train_net, dist, device, cfg.sync_bn, batch_per_rank, notes)
     eager = parts.eager_step(cfg.grad_clip, cfg.channels_last and device.type == "cuda")
-    step = select_step(eager, parts, cfg, family, device, 1, trainer.emit)
+    eager.net = dist.wrap(parts.train_net, device)  # the step runs DDP; checkpoints and the EMA keep the plain module
+    step = select_step(eager, parts, cfg, family, device, dist.world_size, trainer.emit)
 
-    run_dir = Path(ckpt["train"]["run_dir"]) if ckpt is not None else increment_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "weights").mkdir(exist_ok=True)
-    write_args(run_dir, cfg.to_dict())
+    if ckpt is not None:
+        run_dir = Path(ckpt["train"]["run_dir"])
+    else:  # rank 0 picks exp, exp2, ...; every rank uses its choice
+        run_dir = dist.broadcast(increment_run_dir(cfg.project, cfg.name, cfg.exist_ok) if dist.is_main else None)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "weights").mkdir(exist_ok=True)
+        write_args(run_dir, cfg.to_dict())
 
     s = TrainSetup(
         cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=parts.train_net, device=device,
         amp=parts.amp, scaler=parts.scaler, optimizer=parts.optimizer, optimizer_name=parts.optimizer_name, lr0=parts.lr0,
         momentum=parts.momentum, ema=parts.ema, step=step, val_loss=family.loss(net, cfg),
-        train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch, accumulate=parts.accumulate,
+        train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch_per_rank, accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,
         run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device), notes=notes,
+        is_main=dist.is_main, world_size=dist.world_size, dist=dist,
     )
-    writer = ev.EventWriter(run_dir / "events.jsonl")
-    renderer = RichRenderer()
-    s.sinks = [writer.write, renderer, *cfg.callbacks]
-    s.closers = [renderer.close, writer.close]
+    s.closers = [dist.close]
+    if dist.is_main:  # only rank 0 writes events and runs the renderer and user callbacks
+        writer = ev.EventWriter(run_dir / "events.jsonl")
+        renderer = RichRenderer()
+        s.sinks = [writer.write, renderer, *cfg.callbacks]
+        s.closers = [renderer.close, writer.close, dist.close]
     trainer.s = s
     if ckpt is not None:
         trainer.restore(ckpt)
         s.start_epoch, s.start_step, s.resumed = trainer.epoch, trainer.step_in_epoch, True
+    dist.seed_rank(cfg.seed)
     return s
+
+
+def _distributed_checks(family: Any, cfg: TrainConfig, dist: DistContext, notes: list[str]) -> None:
+    """What cannot run, or is switched off, with several processes (cuda_graph: select_step says so)."""
+    if not family.supports_ddp:
+        from libreyolo.distributed.launch import family_message
+
+        raise ConfigError(family_message(family.name, cfg.device, dist.world_size))
+    if cfg.profile:
+        notes.append(f"profile=true is ignored with world_size={dist.world_size} (DDP); profile on one GPU (device=0)")

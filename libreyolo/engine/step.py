@@ -64,14 +64,16 @@ class EagerStep:
 
     def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES) -> torch.Tensor:
         """img: uint8 (B, H, W, 3) on the device; returns the detached loss terms [box, cls, dfl]."""
-        with phases("forward"):
-            outputs = self.forward(img)
-        with phases("loss"):
-            loss, items = self.loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), self.batch_scale)
-        with phases("backward"):
-            self.scaler.scale(loss).backward()
-            if self.flat is not None:
-                self.flat.gather_grads()
+        # DDP: inside an accumulation window gradients stay local; the boundary's backward all-reduces their sum once
+        with self.net.no_sync() if not boundary and hasattr(self.net, "no_sync") else contextlib.nullcontext():
+            with phases("forward"):
+                outputs = self.forward(img)
+            with phases("loss"):
+                loss, items = self.loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), self.batch_scale)
+            with phases("backward"):
+                self.scaler.scale(loss).backward()
+                if self.flat is not None:
+                    self.flat.gather_grads()
         if boundary:
             self.update(phases)
         return items

@@ -72,6 +72,7 @@ class Trainer:
 
                 attach(self)
             status = self._epochs()
+            s.dist.finish()  # DDP: no rank leaves before rank 0 has written its checkpoints
         except KeyboardInterrupt:
             status = "interrupted"
             self.save("last", kind="interrupt")
@@ -176,11 +177,11 @@ class Trainer:
     def _end_epoch(self, epoch: int) -> dict[str, Any]:
         s, cfg = self.s, self.cfg
         t_epoch = time.time()
-        losses = dict(zip(("box", "cls", "dfl"), s.meter.final()))
+        losses = dict(zip(("box", "cls", "dfl"), s.dist.mean(s.meter.final(), s.device)))  # all ranks' images
         lrs = {f"pg{j}": g["lr"] for j, g in enumerate(s.optimizer.param_groups)}
         metrics: dict[str, Any] = {}
         fitness = None
-        if cfg.val or epoch == cfg.epochs - 1:
+        if (cfg.val or epoch == cfg.epochs - 1) and s.is_main:  # DDP: rank 0 validates once, the others wait below
             net = s.ema.ema if s.ema is not None else s.net
             v = validate(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det, s.amp.autocast_dtype, cfg.channels_last)
             self._note_bad(v["bad"])
@@ -195,6 +196,7 @@ class Trainer:
                 "val/box_loss": v["losses"]["box"], "val/cls_loss": v["losses"]["cls"], "val/dfl_loss": v["losses"]["dfl"],
                 **{f"lr/{k}": val for k, val in lrs.items()},
             })
+        fitness, metrics = s.dist.broadcast((fitness, metrics))  # every rank agrees on best and early stopping
         improved = fitness is not None and (self.best_fitness is None or fitness > self.best_fitness)
         if improved:
             self.best_fitness, self.best_metrics = fitness, metrics
