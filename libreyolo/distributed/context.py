@@ -75,9 +75,10 @@ class DistContext:
             self.barrier()
 
     def normalizer_reducer(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The loss divides by the batch's total target score. Averaging that number over ranks, with the loss
-        scaled by the global batch, makes DDP's gradient average equal the single-process gradient of the
-        whole global batch (derivation in docs/multi-gpu.md). SUM then divide: Gloo before torch 2.6 has no AVG."""
+        """The loss divides by the batch's total target score T, clamped at 1. Dividing instead by
+        max(T_global, 1) / world_size, with the loss scaled by the global batch, makes DDP's gradient average
+        equal the single-process gradient of the whole global batch (derivation in docs/multi-gpu.md).
+        SUM then divide, not AVG: Gloo in older torch releases has no AVG."""
         if not self.enabled or self.world_size == 1:
             return None
         world = self.world_size
@@ -85,7 +86,7 @@ class DistContext:
         def reduce(normalizer: torch.Tensor) -> torch.Tensor:
             t = normalizer.detach().clone()
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            return t / world
+            return t.clamp(min=1.0) / world
 
         return reduce
 
@@ -190,13 +191,14 @@ def has_batchnorm(module: nn.Module) -> bool:
 
 def sync_batchnorm(train_net: nn.Module, ctx: DistContext, device: torch.device, sync_bn: bool, batch_per_rank: int, notes: list[str]) -> nn.Module:
     """Convert BatchNorm to SyncBatchNorm when distributed and asked; warn (once, through `notes`) when a
-    BatchNorm model trains on small per-rank batches without it."""
-    if not ctx.enabled or ctx.world_size == 1 or not has_batchnorm(train_net):
+    BatchNorm model trains on small per-rank batches without it. (At world size 1 SyncBatchNorm computes
+    plain BatchNorm; converting there anyway keeps a one-GPU torchrun run on the same code path as N GPUs.)"""
+    if not ctx.enabled or not has_batchnorm(train_net):
         return train_net
     if sync_bn and device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(train_net)
     why = "sync_bn=false" if not sync_bn else f"sync_bn has no effect on {device.type} (torch's SyncBatchNorm needs GPUs)"
-    if batch_per_rank < 16:
+    if ctx.world_size > 1 and batch_per_rank < 16:
         notes.append(
             f"{why}: BatchNorm statistics come from each rank's own {batch_per_rank} images (batch per rank < 16), "
             f"which can hurt accuracy; set sync_bn=true on GPUs, or raise batch"

@@ -16,8 +16,11 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
+import time
+import warnings
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -36,6 +39,7 @@ SPAWNED_ENV = "LIBREYOLO_DDP_SPAWNED"  # set in every worker: a second launch fr
 CPU_WORLD_ENV = "LIBREYOLO_CPU_WORLD_SIZE"
 FAILURE_GRACE_S = 5.0  # after one worker fails, the others get this long to exit before SIGTERM, then SIGKILL
 INTERRUPT_GRACE_S = 60.0  # after Ctrl-C, rank 0 gets this long to write last.pt
+STRAGGLER_S = 30.0  # rank 0 has exited cleanly: the others follow within moments, or are stopped after this
 
 GUARD_MESSAGE = (
     "spawn_ddp_train() was called from inside a spawned subprocess. This usually\n"
@@ -103,8 +107,14 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
         job = _Job(nprocs, list(gpus), free_port(), str(folder), str(weights), model.source, model.trained, kwargs)
         with _child_env(gpus):
             ctx = mp.start_processes(_worker, args=(job,), nprocs=nprocs, join=False, start_method="spawn")
-        _join(ctx, folder)
         result_file = folder / "result.json"
+        try:
+            _join(ctx, folder)
+        except DistributedError as e:
+            if not result_file.exists():
+                raise
+            # rank 0 had finished and reported; a crash after that (teardown) does not undo a complete run
+            warnings.warn(f"the run finished, but a training process failed while exiting: {e}", RuntimeWarning, stacklevel=2)
         if not result_file.exists():  # every worker exited cleanly without finishing: they were interrupted
             raise KeyboardInterrupt
         result = json.loads(result_file.read_text())
@@ -215,9 +225,16 @@ class _child_env:
 def _join(ctx: Any, folder: Path) -> None:
     """Wait for the workers. torch's ProcessContext.join ends the others when one fails (grace, SIGTERM,
     SIGKILL) and raises with the first failure; Ctrl-C here stops them all, leaving rank 0 time to save."""
+    procs, rank0_done = ctx.processes, None
     try:
         while not ctx.join(timeout=1.0, grace_period=FAILURE_GRACE_S):
-            pass
+            # rank 0 ended cleanly (finished, or interrupted on its own): a rank > 0 still blocked in a collective
+            # that rank 0 will never join must not outlive it
+            if procs[0].exitcode == 0:
+                rank0_done = rank0_done or time.monotonic()
+                if time.monotonic() - rank0_done > STRAGGLER_S:
+                    _stop(procs)
+                    return
     except KeyboardInterrupt:
         _stop(ctx.processes)
         raise
@@ -228,8 +245,11 @@ def _join(ctx: Any, folder: Path) -> None:
 
 
 def _failure(e: Exception, folder: Path, ctx: Any) -> Exception:
+    """The first failed rank's error, plus how every rank ended: when one rank is killed, its peers fail a moment
+    later with communication errors, and the statuses show which came first."""
     rank, n = e.error_index, len(ctx.processes)
-    others = f"the other {n - 1} training process(es) were stopped"
+    ended = ", ".join(f"rank {i}: {_status(p.exitcode)}" for i, p in enumerate(ctx.processes))
+    others = f"the other {n - 1} training process(es) were stopped ({ended})"
     report = folder / f"error-rank{rank}.json"
     if report.exists():  # a LibreYOLOError: re-raise it as itself, so the CLI prints it without a traceback
         info = json.loads(report.read_text())
@@ -237,27 +257,37 @@ def _failure(e: Exception, folder: Path, ctx: Any) -> Exception:
         cls = cls if isinstance(cls, type) and issubclass(cls, LibreYOLOError) else DistributedError
         return cls(f"rank {rank}: {info['message']}")
     if isinstance(e, mp.ProcessRaisedException):
-        return DistributedError(f"training process rank {rank} (pid {e.pid}) failed; {others}.{e.msg}")
+        return DistributedError(f"training process rank {rank} (pid {e.error_pid}) failed; {others}.{e.msg}")
     if e.signal_name:
         hint = " (SIGKILL often comes from the kernel's out-of-memory killer)" if e.signal_name == "SIGKILL" else ""
-        return DistributedError(f"training process rank {rank} (pid {e.pid}) was killed by {e.signal_name}{hint}; {others}.")
+        return DistributedError(f"training process rank {rank} (pid {e.error_pid}) was killed by {e.signal_name}{hint}; {others}.")
     return DistributedError(
-        f"training process rank {rank} (pid {e.pid}) exited with code {e.exit_code} without reporting an error "
+        f"training process rank {rank} (pid {e.error_pid}) exited with code {e.exit_code} without reporting an error "
         f"(its output is above); {others}. If it never started training, the usual cause is a script that calls "
         f"model.train(device=...) at the top level without an 'if __name__ == \"__main__\":' guard."
     )
 
 
+def _status(code: int | None) -> str:
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 def _stop(procs: list[Any]) -> None:
-    """Ctrl-C: each worker gets SIGINT once (a terminal already sent it to the whole group; workers ignore a
-    second), rank 0 gets time to write last.pt, then whatever still runs is terminated, then killed."""
+    """Ctrl-C: rank 0 gets SIGINT (once: a terminal may already have sent it to the whole group) and time to
+    write last.pt; the others ignore SIGINT and end when rank 0 leaves their next collective, or are killed."""
     restore = None
     if threading.current_thread() is threading.main_thread():
         restore = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave orphans behind
     try:
-        for p in procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGINT)
+        if procs[0].is_alive():
+            os.kill(procs[0].pid, signal.SIGINT)
         procs[0].join(INTERRUPT_GRACE_S)
         _wait(procs, FAILURE_GRACE_S)
         for p in procs:
@@ -274,8 +304,6 @@ def _stop(procs: list[Any]) -> None:
 
 
 def _wait(procs: list[Any], seconds: float) -> None:
-    import time
-
     end = time.monotonic() + seconds
     for p in procs:
         p.join(max(0.0, end - time.monotonic()))
@@ -288,7 +316,7 @@ def _worker(index: int, job: _Job) -> None:
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(job.port),
     })
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    _interrupt_once()
+    _signal_policy(index)
     if not job.gpus:  # N CPU processes share the cores instead of each starting one thread per core
         from libreyolo.data.loader import cpu_count
 
@@ -310,9 +338,18 @@ def _worker(index: int, job: _Job) -> None:
         os.replace(tmp, folder / "result.json")
 
 
-def _interrupt_once() -> None:
-    """SIGINT and SIGTERM become one KeyboardInterrupt (the trainer saves last.pt on it), as in `libreyolo
-    train`; later ones are ignored so that a signal sent both to the group and by the parent cannot cut the save."""
+def _signal_policy(rank: int) -> None:
+    """Only rank 0 stops on SIGINT/SIGTERM: it becomes one KeyboardInterrupt, on which the trainer saves last.pt
+    (later signals are ignored, so a signal sent both to the group and by the parent cannot cut the save).
+
+    Ranks > 0 ignore both. Were they to stop too, rank 0 could be blocked in a collective that a stopped rank
+    never joins, and would get a communication error instead of the interrupt, losing the save. They end
+    when rank 0's departure breaks their next collective, or by SIGKILL from the parent (also if it dies)."""
+    if rank > 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _die_with_parent()
+        return
 
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -321,3 +358,12 @@ def _interrupt_once() -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def _die_with_parent() -> None:
+    """torch's spawn asks Linux for SIGINT when the parent dies; a rank that ignores SIGINT needs SIGKILL instead."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -34,7 +34,8 @@ def fit_batch(samples: list[tuple[int, float]], budget_bytes: float, world_size:
         slope, intercept = np.polyfit(b, mem, 1)
     else:  # one point: assume memory proportional to batch
         slope, intercept = mem[0] / b[0], 0.0
-    per_device = MAX_BATCH if slope <= 0 else int(math.floor((budget_bytes - intercept) / slope))
+    # the epsilon keeps an exact fit (94.0 computed as 93.99999...) from losing an image to rounding
+    per_device = MAX_BATCH if slope <= 0 else int(math.floor((budget_bytes - intercept) / slope + 1e-6))
     if oom_at is not None:
         per_device = min(per_device, oom_at - 1)
     per_device = int(min(max(per_device, 1), MAX_BATCH))

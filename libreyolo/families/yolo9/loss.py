@@ -34,7 +34,7 @@ class DetectionLoss:
         self.nc, self.strides, self.reg_max = nc, tuple(strides), reg_max
         self.gains = (box, cls, dfl)
         self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
-        # under DDP the number-of-targets normaliser is averaged over ranks (see distributed/)
+        # under DDP the number-of-targets normaliser is averaged over ranks (see distributed/context.py)
         self.reduce_normalizer = reduce_normalizer
 
     def __call__(
@@ -62,9 +62,9 @@ class DetectionLoss:
             logits.detach().sigmoid(), pred_boxes.detach() * stride, anchors_px, targets[..., 0].long(), targets[..., 1:5], mask
         )
         normalizer = t_scores.unflatten(0, (H, -1)).sum((1, 2, 3))  # per head
-        if self.reduce_normalizer is not None:
-            normalizer = self.reduce_normalizer(normalizer)
-        normalizer = normalizer.clamp(min=1.0)
+        # under DDP the reducer returns max(global total, 1) / world_size: clamping the local or the averaged
+        # value instead would change the gradient whenever the global total is below the world size
+        normalizer = self.reduce_normalizer(normalizer) if self.reduce_normalizer is not None else normalizer.clamp(min=1.0)
 
         cls_sum = F.binary_cross_entropy_with_logits(logits, t_scores, reduction="none").unflatten(0, (H, -1)).sum((1, 2, 3))
         weight = t_scores.sum(-1) * fg  # (H*B, A); zero on background anchors
