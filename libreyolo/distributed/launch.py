@@ -98,7 +98,7 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
     check_picklable(kwargs, cfg.device)
     kwargs = dict(kwargs)
     if not cfg.resume:
-        kwargs["batch"] = _parent_batch(model, cfg, gpus, nprocs)
+        kwargs["batch"] = _parent_batch(model, cfg, set(kwargs), gpus, nprocs)
 
     folder = Path(tempfile.mkdtemp(prefix="libreyolo-ddp-"))
     ctx = None
@@ -172,7 +172,7 @@ def _resumed_device(cfg: TrainConfig) -> str | None:
         return None  # setup reports the bad path with its own message
 
 
-def _parent_batch(model: Any, cfg: TrainConfig, gpus: list[int], nprocs: int) -> int:
+def _parent_batch(model: Any, cfg: TrainConfig, user_keys: set[str], gpus: list[int], nprocs: int) -> int:
     """The global batch, settled before any worker exists: autobatch probes here (one GPU, a throwaway copy of
     the network), and a batch the world size does not divide fails now rather than in every worker."""
     from libreyolo.data.config import load_data_config
@@ -180,6 +180,9 @@ def _parent_batch(model: Any, cfg: TrainConfig, gpus: list[int], nprocs: int) ->
     from libreyolo.engine.amp import resolve_amp
 
     data = load_data_config(cfg.data)  # also generates the built-in dataset once, not once per worker
+    for k, v in data.suggested.items():  # as setup will: the dataset's suggestions (batch, imgsz) fill unset keys
+        if k not in user_keys:
+            setattr(cfg, k, TrainConfig.parse_value(k, v))
     batch = cfg.batch
     if batch == -1:
         if gpus:
