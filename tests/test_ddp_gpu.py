@@ -1,5 +1,6 @@
-"""Multi-GPU paths on real GPUs (`pytest -m gpu`): torchrun at world size 1 on one GPU (NCCL, DDP wrap,
-SyncBatchNorm), autobatch's real probe, and, where two GPUs exist, the spawn launcher with device=0,1."""
+"""Multi-GPU paths on real GPUs (`pytest -m gpu`): torchrun at world size 1 on one GPU (NCCL process group,
+rank-0 broadcasts and barriers, the single-GPU step with CUDA graphs still allowed), autobatch's real probe,
+and, where two GPUs exist, the spawn launcher with device=0,1 (DDP, SyncBatchNorm, graphs refused)."""
 
 import json
 import os
@@ -38,8 +39,10 @@ def _events(run):
 
 
 def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
-    """The whole distributed path on one GPU: NCCL process group, DDP, SyncBatchNorm conversion, rank-0 files.
-    device="0,1" is passed on purpose: under torchrun it must start no processes and use cuda:LOCAL_RANK."""
+    """The distributed plumbing on one GPU: NCCL process group, run-dir broadcast, validation broadcast, loss
+    mean, final barrier and teardown. At world size 1 nothing is averaged, so the step stays the single-GPU one
+    (no DDP wrapper) and CUDA graphs are captured as usual. On a machine with 2+ GPUs, device="0,1" is passed:
+    under torchrun it must start no processes and use cuda:LOCAL_RANK."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""
         import sys
@@ -49,7 +52,7 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
 
         if __name__ == "__main__":
             m = LibreYOLO("LibreYOLO9t")
-            m.train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, epochs=2, imgsz=64, batch=8, workers=2,
+            m.train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, epochs=2, imgsz=64, batch=8, workers=2, cuda_graph=True,
                     device="0,1" if __import__("torch").cuda.device_count() > 1 else "0", callbacks=[DistProbe({str(tmp_path / "probe.json")!r})])
             print("RESULT", m.last_run, m.trained, flush=True)
     """))
@@ -64,6 +67,7 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
     assert (rs["world_size"], rs["batch_per_rank"], rs["device"]) == (1, 8, "cuda:0")
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "finished"
     assert (run / "weights" / "best.pt").is_file() and "RESULT" in r.stdout
+    assert any(e["type"] == "graph" and e["action"] == "capture" for e in events), [e for e in events if e["type"] == "graph"]
 
 
 def test_autobatch_probe_fits_and_restores_batchnorm():
@@ -102,8 +106,11 @@ def test_spawn_launch_on_two_gpus(tiny_data, tmp_path):
     from libreyolo import LibreYOLO
 
     m = LibreYOLO("LibreYOLO9t")
-    m.train(data=str(tiny_data), project=str(tmp_path), epochs=2, imgsz=64, batch=8, workers=2, device="0,1",
+    m.train(data=str(tiny_data), project=str(tmp_path), epochs=2, imgsz=64, batch=8, workers=2, device="0,1", cuda_graph=True,
             callbacks=[DistProbe(tmp_path / "probe.json")])
     assert json.loads((tmp_path / "probe.json").read_text()) == {"initialized": True, "backend": "nccl", "world": 2}
-    rs = next(e for e in _events(m.last_run) if e["type"] == "run_start")
+    events = _events(m.last_run)
+    rs = next(e for e in events if e["type"] == "run_start")
     assert (rs["world_size"], rs["batch_per_rank"]) == (2, 4) and m.trained
+    graphs = [e for e in events if e["type"] == "graph"]
+    assert len(graphs) == 1 and graphs[0]["action"] == "fallback" and "DDP" in graphs[0]["reason"], graphs

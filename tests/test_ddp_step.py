@@ -29,7 +29,6 @@ from libreyolo.data.labels import scan_labels
 from libreyolo.distributed import context
 from libreyolo.distributed.launch import free_port
 from libreyolo.engine.step import EagerStep
-from libreyolo.eval.validator import to_input
 from libreyolo.families import get_family
 
 B = 2  # per-rank batch; the reference process trains at 2 * B
@@ -43,7 +42,7 @@ def _micro_batches(data_yaml: str, device: torch.device) -> list[tuple[torch.Ten
     out = []
     for k in range(2):
         batch = collate([ds[i] for i in range(k * 2 * B, (k + 1) * 2 * B)])
-        out.append((to_input(batch["img"], device), batch["targets"].to(device), batch["mask"].to(device)))
+        out.append((batch["img"].to(device), batch["targets"].to(device), batch["mask"].to(device)))  # uint8, as the loop passes it
     return out
 
 

@@ -95,7 +95,7 @@ class DistContext:
         """DistributedDataParallel around what the step runs; the trainer keeps the plain module for
         checkpoints and EMA. Every parameter gets a gradient every step (the aux head too), hence no
         find_unused_parameters and its extra graph traversal."""
-        if not self.enabled:
+        if self.world_size == 1:  # also torchrun at world size 1: nothing to average, single-GPU step (flat, graphs)
             return train_net
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -190,15 +190,15 @@ def has_batchnorm(module: nn.Module) -> bool:
 
 
 def sync_batchnorm(train_net: nn.Module, ctx: DistContext, device: torch.device, sync_bn: bool, batch_per_rank: int, notes: list[str]) -> nn.Module:
-    """Convert BatchNorm to SyncBatchNorm when distributed and asked; warn (once, through `notes`) when a
-    BatchNorm model trains on small per-rank batches without it. (At world size 1 SyncBatchNorm computes
-    plain BatchNorm; converting there anyway keeps a one-GPU torchrun run on the same code path as N GPUs.)"""
-    if not ctx.enabled or not has_batchnorm(train_net):
+    """Convert BatchNorm to SyncBatchNorm when several processes train and it is asked for; warn (once, through
+    `notes`) when a BatchNorm model trains on small per-rank batches without it. The converted layers keep the
+    Parameter and buffer objects, so an optimizer or EMA built before still points at the live tensors."""
+    if ctx.world_size == 1 or not has_batchnorm(train_net):
         return train_net
     if sync_bn and device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(train_net)
     why = "sync_bn=false" if not sync_bn else f"sync_bn has no effect on {device.type} (torch's SyncBatchNorm needs GPUs)"
-    if ctx.world_size > 1 and batch_per_rank < 16:
+    if batch_per_rank < 16:
         notes.append(
             f"{why}: BatchNorm statistics come from each rank's own {batch_per_rank} images (batch per rank < 16), "
             f"which can hurt accuracy; set sync_bn=true on GPUs, or raise batch"

@@ -103,9 +103,12 @@ def autobatch(train_net: nn.Module, loss_fn: Callable, device: torch.device, img
 
 
 def probe_model(family: Any, size: str, nc: int, cfg: Any, device: torch.device) -> tuple[nn.Module, Callable]:
-    """A throwaway copy of the network the run will train, for the launcher's parent to probe."""
+    """A throwaway copy of the network the run will train, to probe (the real one's weights stay untouched)."""
     net = family.build(size, nc)
-    return family.train_net(net, cfg).to(device), family.loss(net, cfg)
+    train_net = family.train_net(net, cfg).to(device)
+    if cfg.channels_last:
+        train_net = train_net.to(memory_format=torch.channels_last)
+    return train_net, family.loss(net, cfg)
 
 
 def _synthetic_targets(b: int, imgsz: int, device: torch.device, per_image: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
