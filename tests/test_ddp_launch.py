@@ -5,7 +5,6 @@ LIBREYOLO_CPU_WORLD_SIZE=2 makes device=cpu go through the same launcher as devi
 selection differs). Every process a test starts carries a unique environment tag, so leftovers are found
 by tag (psutil) rather than by guessing names."""
 
-import json
 import os
 import signal
 import subprocess
@@ -171,7 +170,7 @@ def test_killed_worker_ends_the_run_and_the_parent_raises(tiny_data, tmp_path):
         rank0 = _wait_event(events, lambda e: e["type"] == "run_start", p)["pid"]
         _wait_event(events, lambda e: e["type"] == "step", p)
         workers = [q for q in _tagged(tag) if "spawn_main" in " ".join(q.cmdline())]
-        assert sorted(q.pid for q in workers if q.pid != rank0) and rank0 in [q.pid for q in workers], workers
+        assert len(workers) == 2 and rank0 in [q.pid for q in workers], workers
         rank1 = next(q for q in workers if q.pid != rank0)
         t0 = time.time()
         rank1.send_signal(signal.SIGKILL)
@@ -215,3 +214,21 @@ def test_ctrl_c_stops_all_workers_and_leaves_a_resumable_last_pt(tiny_data, tmp_
     assert [e["status"] for e in evs if e["type"] == "run_end"] == ["interrupted", "finished"]
     assert [(e["resumed"], e["world_size"]) for e in evs if e["type"] == "run_start"] == [(False, 2), (True, 2)]
     _assert_none_left(tag)
+
+
+def test_parent_killed_leaves_no_orphans(tiny_data, tmp_path):
+    """kill -9 of the parent: rank 0 is told by the kernel (SIGINT), saves and exits; the other ranks are killed."""
+    tag = uuid.uuid4().hex
+    p = subprocess.Popen(_cli(tiny_data, tmp_path, "epochs=50"), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    events = tmp_path / "exp" / "events.jsonl"
+    try:
+        _wait_event(events, lambda e: e["type"] == "step", p)
+        p.kill()
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    _assert_none_left(tag, within=30.0)
+    assert "train" in load_checkpoint(tmp_path / "exp" / "weights" / "last.pt")

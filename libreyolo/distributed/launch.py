@@ -353,6 +353,7 @@ def _signal_policy(rank: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _die_with_parent()
         return
+    _exit_after_parent(os.getppid())
 
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -361,6 +362,20 @@ def _signal_policy(rank: int) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def _exit_after_parent(parent: int) -> None:
+    """Rank 0 gets SIGINT when the parent dies (torch's spawn asks Linux for it) and saves last.pt; but if it is
+    blocked in a collective that the killed ranks will never join (NCCL waits, it does not fail), no signal
+    handler can run. This thread ends the process once the parent is gone and the save had its time."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        time.sleep(INTERRUPT_GRACE_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="libreyolo-parent-watch", daemon=True).start()
 
 
 def _die_with_parent() -> None:
