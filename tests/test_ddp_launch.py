@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -66,6 +67,11 @@ def _assert_none_left(tag: str, exclude: tuple[int, ...] = (), within: float = 1
     assert not left, [(p.pid, p.cmdline()) for p in left]
 
 
+def _temp_folders() -> set[str]:
+    """The launcher's temporary folders (weights for the workers, their reports) that exist now."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("libreyolo-ddp-*")}
+
+
 def _wait_event(events: Path, pred, proc: subprocess.Popen, timeout: float = 180.0) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -91,6 +97,7 @@ def test_spawn_launch_end_to_end(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv(CPU_WORLD_ENV, "2")
     monkeypatch.setenv(TAG, tag)
     log = tmp_path / "callback.log"
+    temp_before = _temp_folders()
     m = LibreYOLO("LibreYOLO9t")
     metrics = m.train(data=str(tiny_data), project=str(tmp_path / "runs"), callbacks=[PidLog(log)], **TINY)
 
@@ -115,6 +122,7 @@ def test_spawn_launch_end_to_end(tiny_data, tmp_path, monkeypatch):
     best = load_checkpoint(run / "weights" / "best.pt")["model"]
     assert m.trained and all(torch.equal(v, best[k]) for k, v in m.net.state_dict().items())
     assert set(metrics) >= {"map50", "map"} and m.metrics == metrics
+    assert _temp_folders() <= temp_before  # the weights handed to the workers are gone
     _assert_none_left(tag, exclude=(os.getpid(),))
 
 
@@ -163,6 +171,7 @@ def test_unguarded_script_gets_the_guard_error(tiny_data, tmp_path):
 
 def test_killed_worker_ends_the_run_and_the_parent_raises(tiny_data, tmp_path):
     tag = uuid.uuid4().hex
+    temp_before = _temp_folders()
     p = subprocess.Popen(_cli(tiny_data, tmp_path, "epochs=50"), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
     try:
@@ -183,6 +192,7 @@ def test_killed_worker_ends_the_run_and_the_parent_raises(tiny_data, tmp_path):
     assert p.returncode == 2, err[-3000:]  # a LibreYOLOError from the CLI
     assert "rank 1" in err and "killed by SIGKILL" in err, err[-3000:]
     assert took < 30, f"the parent took {took:.0f}s to notice and end the run"
+    assert _temp_folders() <= temp_before  # removed after a failure too
     _assert_none_left(tag)
 
 
