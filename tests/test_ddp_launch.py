@@ -229,6 +229,7 @@ def test_ctrl_c_stops_all_workers_and_leaves_a_resumable_last_pt(tiny_data, tmp_
 def test_parent_killed_leaves_no_orphans(tiny_data, tmp_path):
     """kill -9 of the parent: rank 0 is told by the kernel (SIGINT), saves and exits; the other ranks are killed."""
     tag = uuid.uuid4().hex
+    temp_before = _temp_folders()
     p = subprocess.Popen(_cli(tiny_data, tmp_path, "epochs=50"), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
     events = tmp_path / "exp" / "events.jsonl"
@@ -242,3 +243,4 @@ def test_parent_killed_leaves_no_orphans(tiny_data, tmp_path):
             p.wait()
     _assert_none_left(tag, within=30.0)
     assert "train" in load_checkpoint(tmp_path / "exp" / "weights" / "last.pt")
+    assert _temp_folders() <= temp_before  # rank 0 removed what the killed parent could not

@@ -319,7 +319,8 @@ def _worker(index: int, job: _Job) -> None:
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(job.port),
     })
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    _signal_policy(index)
+    parent = os.getppid()
+    _signal_policy(index, parent, job.folder)
     if not job.gpus:  # N CPU processes share the cores instead of each starting one thread per core
         from libreyolo.data.loader import cpu_count
 
@@ -335,13 +336,16 @@ def _worker(index: int, job: _Job) -> None:
     except LibreYOLOError as e:
         (folder / f"error-rank{index}.json").write_text(json.dumps({"type": type(e).__name__, "message": str(e)}))
         raise
+    finally:
+        if index == 0 and os.getppid() != parent:  # the parent was killed and cannot remove its temporary folder
+            shutil.rmtree(folder, ignore_errors=True)
     if index == 0:
         tmp = folder / "result.json.tmp"
         tmp.write_text(json.dumps({"run_dir": str(model.last_run), "metrics": metrics}))
         os.replace(tmp, folder / "result.json")
 
 
-def _signal_policy(rank: int) -> None:
+def _signal_policy(rank: int, parent: int, folder: str) -> None:
     """Only rank 0 stops on SIGINT/SIGTERM: it becomes one KeyboardInterrupt, on which the trainer saves last.pt
     (later signals are ignored, so a signal sent both to the group and by the parent cannot cut the save).
 
@@ -353,7 +357,7 @@ def _signal_policy(rank: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _die_with_parent()
         return
-    _exit_after_parent(os.getppid())
+    _exit_after_parent(parent, folder)
 
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -364,7 +368,7 @@ def _signal_policy(rank: int) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _exit_after_parent(parent: int) -> None:
+def _exit_after_parent(parent: int, folder: str) -> None:
     """Rank 0 gets SIGINT when the parent dies (torch's spawn asks Linux for it) and saves last.pt; but if it is
     blocked in a collective that the killed ranks will never join (NCCL waits, it does not fail), no signal
     handler can run. This thread ends the process once the parent is gone and the save had its time."""
@@ -373,6 +377,7 @@ def _exit_after_parent(parent: int) -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
         time.sleep(INTERRUPT_GRACE_S)
+        shutil.rmtree(folder, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="libreyolo-parent-watch", daemon=True).start()

@@ -156,8 +156,10 @@ def build_setup(trainer: Any) -> TrainSetup:
         torch.cuda.set_device(device)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
     notes: list[str] = []
-    if dist.world_size > 1:
-        _distributed_checks(trainer.model.family, cfg, dist, notes)
+    if dist.world_size > 1 and not trainer.model.family.supports_ddp:
+        from libreyolo.distributed.launch import family_message
+
+        raise ConfigError(family_message(trainer.model.family.name, cfg.device, dist.world_size))
 
     with dist.main_first():  # rank 0 generates the built-in dataset and writes label caches; the others reuse them
         data = load_data_config(cfg.data)
@@ -221,13 +223,3 @@ def build_setup(trainer: Any) -> TrainSetup:
         s.start_epoch, s.start_step, s.resumed = trainer.epoch, trainer.step_in_epoch, True
     dist.seed_rank(cfg.seed)
     return s
-
-
-def _distributed_checks(family: Any, cfg: TrainConfig, dist: DistContext, notes: list[str]) -> None:
-    """What cannot run, or is switched off, with several processes (cuda_graph: select_step says so)."""
-    if not family.supports_ddp:
-        from libreyolo.distributed.launch import family_message
-
-        raise ConfigError(family_message(family.name, cfg.device, dist.world_size))
-    if cfg.profile:
-        notes.append(f"profile=true is ignored with world_size={dist.world_size} (DDP); profile on one GPU (device=0)")
