@@ -5,6 +5,7 @@ LIBREYOLO_CPU_WORLD_SIZE=2 makes device=cpu go through the same launcher as devi
 selection differs). Every process a test starts carries a unique environment tag, so leftovers are found
 by tag (psutil) rather than by guessing names."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -90,6 +91,19 @@ def _cli(data, project, *extra: str) -> list[str]:
             f"project={project}", "log_interval=0.05", *extra]
 
 
+@contextlib.contextmanager
+def _cli_run(data, project, tag: str, *extra: str):
+    """`libreyolo train` with 2 CPU ranks in its own session; whatever happens, nothing of it survives the test."""
+    p = subprocess.Popen(_cli(data, project, *extra), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def test_spawn_launch_end_to_end(tiny_data, tmp_path, monkeypatch):
     tag = uuid.uuid4().hex
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", SPAWNED_ENV):
@@ -172,10 +186,8 @@ def test_unguarded_script_gets_the_guard_error(tiny_data, tmp_path):
 def test_killed_worker_ends_the_run_and_the_parent_raises(tiny_data, tmp_path):
     tag = uuid.uuid4().hex
     temp_before = _temp_folders()
-    p = subprocess.Popen(_cli(tiny_data, tmp_path, "epochs=50"), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    try:
-        events = tmp_path / "exp" / "events.jsonl"
+    events = tmp_path / "exp" / "events.jsonl"
+    with _cli_run(tiny_data, tmp_path, tag, "epochs=50") as p:
         rank0 = _wait_event(events, lambda e: e["type"] == "run_start", p)["pid"]
         _wait_event(events, lambda e: e["type"] == "step", p)
         workers = [q for q in _tagged(tag) if "spawn_main" in " ".join(q.cmdline())]
@@ -185,10 +197,6 @@ def test_killed_worker_ends_the_run_and_the_parent_raises(tiny_data, tmp_path):
         rank1.send_signal(signal.SIGKILL)
         _, err = p.communicate(timeout=120)
         took = time.time() - t0
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
     assert p.returncode == 2, err[-3000:]  # a LibreYOLOError from the CLI
     assert "rank 1" in err and "killed by SIGKILL" in err, err[-3000:]
     assert took < 30, f"the parent took {took:.0f}s to notice and end the run"
@@ -198,17 +206,11 @@ def test_killed_worker_ends_the_run_and_the_parent_raises(tiny_data, tmp_path):
 
 def test_ctrl_c_stops_all_workers_and_leaves_a_resumable_last_pt(tiny_data, tmp_path):
     tag = uuid.uuid4().hex
-    p = subprocess.Popen(_cli(tiny_data, tmp_path, "epochs=3", "val=false"), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
     events = tmp_path / "exp" / "events.jsonl"
-    try:
+    with _cli_run(tiny_data, tmp_path, tag, "epochs=3", "val=false") as p:
         _wait_event(events, lambda e: e["type"] == "step" and e["epoch"] >= 1, p)
         p.send_signal(signal.SIGINT)  # to the parent only, as `kill -INT`; a terminal would signal the whole group
         _, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
     assert p.returncode == 130, err[-3000:]
     _assert_none_left(tag)
     last = tmp_path / "exp" / "weights" / "last.pt"
@@ -230,17 +232,11 @@ def test_parent_killed_leaves_no_orphans(tiny_data, tmp_path):
     """kill -9 of the parent: rank 0 is told by the kernel (SIGINT), saves and exits; the other ranks are killed."""
     tag = uuid.uuid4().hex
     temp_before = _temp_folders()
-    p = subprocess.Popen(_cli(tiny_data, tmp_path, "epochs=50"), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
     events = tmp_path / "exp" / "events.jsonl"
-    try:
+    with _cli_run(tiny_data, tmp_path, tag, "epochs=50") as p:
         _wait_event(events, lambda e: e["type"] == "step", p)
         p.kill()
         p.wait(timeout=30)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
     _assert_none_left(tag, within=30.0)
     assert "train" in load_checkpoint(tmp_path / "exp" / "weights" / "last.pt")
     assert _temp_folders() <= temp_before  # rank 0 removed what the killed parent could not
