@@ -28,8 +28,11 @@ def test_tiny_model_overfits_a_handful_of_images(overfit_data, tmp_path):
     rows = list(csv.DictReader(open(m.last_run / "results.csv")))
     assert len(rows) == 1  # val=false validates only the last epoch (BatchNorm needs ~150 steps to settle)
     ev = [e for e in read_events(m.last_run / "events.jsonl") if e["type"] == "epoch_end"]
+    # the first epoch's loss is low only because almost no anchor is assigned yet (box ~0.07): compare
+    # with the early peak, once assignment works
     total = [7.5 * e["losses"]["box"] + 0.5 * e["losses"]["cls"] + 1.5 * e["losses"]["dfl"] for e in ev]
-    assert total[-1] < 0.8 * total[0] and ev[-1]["losses"]["cls"] < ev[0]["losses"]["cls"] / 4
+    cls = [e["losses"]["cls"] for e in ev]
+    assert total[-1] < 0.5 * max(total[:5]) and cls[-1] < max(cls[:5]) / 4
     assert metrics["map50"] > 0.8, metrics
     # the facade now holds the trained weights and predicts the memorised shapes
     res = m.predict(sorted((overfit_data.parent / "images" / "train").glob("*.jpg"))[:2], device="cpu")
