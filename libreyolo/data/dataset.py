@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from libreyolo.data import augment as A
+from libreyolo.data.decode import load_resized, read_image  # noqa: F401  (read_image: used by predict)
 from libreyolo.data.labels import LabelSet
 
 
@@ -32,14 +32,6 @@ class AugmentConfig:
         return cls(**{k: getattr(cfg, k) for k in cls.__dataclass_fields__})
 
 
-def read_image(path: str) -> np.ndarray | None:
-    """Decode to RGB uint8, or None if the file cannot be decoded."""
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
-    if img is None:
-        return None
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-
-
 class YOLODataset(Dataset):
     """Index with an int (validation: letterbox only) or with (index, epoch, mosaic) from the train sampler."""
 
@@ -57,10 +49,9 @@ class YOLODataset(Dataset):
         """Image resized so its long side is imgsz, and its boxes (class, x1, y1, x2, y2) in those pixels."""
         img = self.image_source.get(i) if self.image_source is not None else None
         if img is None:
-            img = read_image(self.files[i])
+            img = load_resized(self.files[i], self.imgsz, max(self.labels.shapes[i]))
             if img is None:
                 return None, np.zeros((0, 5), np.float32)
-            img = A.resize_long_side(img, self.imgsz)
         h, w = img.shape[:2]
         lab = self.labels.labels[i]
         boxes = np.empty((len(lab), 5), np.float32)

@@ -20,12 +20,27 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+# Beyond this, more workers per GPU add memory (each is a process with its own copy-on-write heap and
+# queued batches) faster than images/s; measure with `libreyolo bench loader` before raising workers=.
+MAX_WORKERS_PER_GPU = 16
+
+
 def default_workers(batch: int, n_gpus: int) -> int:
-    """GPU training: up to 8 workers per GPU from the CPUs there are; CPU training leaves cores to compute."""
+    """GPU training: every CPU but one per GPU decodes (that one runs the training loop and the pin-memory
+    thread), at most MAX_WORKERS_PER_GPU and at most `batch` (a bound kept for tiny debugging batches).
+    CPU training leaves cores to compute."""
     cpus = cpu_count()
     if n_gpus > 0:
-        return max(1, min(8, cpus // n_gpus, batch))
+        return max(1, min(MAX_WORKERS_PER_GPU, cpus // n_gpus - 1, batch))
     return max(0, min(4, cpus // 2))
+
+
+def prefetch_factor(workers: int) -> int | None:
+    """Batches each worker keeps queued: 4 for one to three workers to ride out slow images, 2 beyond (then
+    2 x workers whole batches wait in shared memory, plenty, and /dev/shm is not filled with them)."""
+    if workers <= 0:
+        return None
+    return 4 if workers < 4 else 2
 
 
 class TrainBatchSampler(Sampler[list]):
@@ -70,7 +85,7 @@ def train_loader(dataset: YOLODataset, batch_size: int, workers: int, seed: int,
         collate_fn=collate,
         pin_memory=pin,
         persistent_workers=workers > 0,
-        prefetch_factor=4 if workers > 0 else None,
+        prefetch_factor=prefetch_factor(workers),
         worker_init_fn=_worker_init if workers > 0 else None,
     )
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
+from libreyolo.data.cache import open_image_cache
 from libreyolo.data.config import DataConfig, list_images, load_data_config
 from libreyolo.data.dataset import AugmentConfig, YOLODataset
 from libreyolo.data.labels import LabelSet, scan_labels
@@ -180,8 +181,13 @@ def build_setup(trainer: Any) -> TrainSetup:
     batch_per_rank = distributed.split_batch(batch, dist.world_size)
     workers = cfg.workers if cfg.workers is not None else default_workers(batch_per_rank, dist.local_world_size if device.type == "cuda" else 0)
     pin = device.type == "cuda"
-    train_ds = YOLODataset(train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed)
-    val_ds = YOLODataset(val_ls, cfg.imgsz, augment=False)
+    # --- image cache (data/cache.py): cache=ram|disk serves both splits (one RAM copy per host for all ranks);
+    # fallbacks and bad files become notes
+    caches = [open_image_cache(cfg.cache, ls, cfg.imgsz, split, notes, progress=dist.is_main) for split, ls in (("train", train_ls), ("val", val_ls))]
+    train_ds = YOLODataset(train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed, image_source=caches[0])
+    val_ds = YOLODataset(val_ls, cfg.imgsz, augment=False, image_source=caches[1])
+    cache_closers = [c.close for c in caches if c is not None]  # the last user on the host deletes a RAM cache
+    # --- end image cache
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size)
     vl = val_loader(val_ds, min(batch_per_rank * 2, 64), min(workers, 4), pin)
     nb = tl.batch_sampler.batches_per_epoch()
@@ -211,12 +217,12 @@ def build_setup(trainer: Any) -> TrainSetup:
         run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device), notes=notes,
         is_main=dist.is_main, world_size=dist.world_size, dist=dist,
     )
-    s.closers = [dist.close]
+    s.closers = [dist.close, *cache_closers]
     if dist.is_main:  # only rank 0 writes events and runs the renderer and user callbacks
         writer = ev.EventWriter(run_dir / "events.jsonl")
         renderer = RichRenderer()
         s.sinks = [writer.write, renderer, *cfg.callbacks]
-        s.closers = [renderer.close, writer.close, dist.close]
+        s.closers = [renderer.close, writer.close, dist.close, *cache_closers]
     trainer.s = s
     if ckpt is not None:
         trainer.restore(ckpt)

@@ -1,0 +1,101 @@
+"""libreyolo data prepare|shapes ...: the offline dataset steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from libreyolo.cli.args import parse_kv
+from libreyolo.errors import ConfigError
+
+USAGE = """usage: libreyolo data prepare data=my.yaml [imgsz=640] [cache=disk] [threads=N]
+       libreyolo data shapes out=DIR [n_train=2000] [n_val=200] [size=640] [seed=0]
+
+  prepare  verify every image and label of every split (each bad file is named with its reason), build the
+           label cache and, with cache=disk, the decoded-image cache, so training starts at once and never
+           meets a bad file mid-epoch
+  shapes   write the built-in synthetic dataset (circles, squares, triangles; JPEG + YOLO labels) to DIR"""
+
+
+def run(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    sub, rest = argv[0], argv[1:]
+    if any(a in ("-h", "--help") for a in rest):
+        print(USAGE)
+        return 0
+    if sub == "prepare":
+        kw = parse_kv(rest, {"data", "imgsz", "cache"}, {"threads": int})
+        return prepare(**kw)
+    if sub == "shapes":
+        kw = parse_kv(rest, {"seed"}, {"out": str, "n_train": int, "n_val": int, "size": int})
+        return shapes(**kw)
+    raise ConfigError(f"unknown data command {sub!r}; available: prepare, shapes")
+
+
+def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, threads: int | None = None) -> int:
+    from libreyolo.data.cache import estimate_bytes, fmt_bytes, open_image_cache
+    from libreyolo.data.config import list_images, load_data_config
+    from libreyolo.data.decode import decode_all
+    from libreyolo.data.labels import cache_path_for, scan_labels
+
+    if cache == "ram" or cache is True:
+        raise ConfigError("cache=ram lives only as long as a training run; `data prepare` builds cache=disk (or none)")
+    out, err = Console(highlight=False), Console(stderr=True, highlight=False, soft_wrap=True)
+    dc = load_data_config(data)
+    table = Table(title=f"{dc.yaml_path} at imgsz {imgsz}")
+    for col in ("split", "images", "usable", "bad", "background", "boxes", "decoded", "image cache"):
+        table.add_column(col, justify="left" if col in ("split", "image cache") else "right")
+    n_bad = 0
+    for split in ("train", "val", "test"):
+        sources = getattr(dc, split)
+        if not sources:
+            continue
+        images = list_images(sources)
+        if not images:
+            err.print(f"[red]{split}:[/] no images in {escape(', '.join(map(str, sources)))}")
+            n_bad += 1
+            continue
+        ls = scan_labels(images, dc.nc, threads=threads or 8)
+        bad = list(ls.skipped)
+        notes: list[str] = []
+        size = estimate_bytes(ls.shapes, imgsz)
+        if cache:
+            src = open_image_cache("disk", ls, imgsz, split, notes, threads=threads)
+            bad += [] if src is None else src.bad
+            where = "none (see above)" if src is None else f"disk: {src.written} new, {src.reused} kept"
+        else:
+            # the label scan only reads headers; decoding every image is what training will do
+            bad += decode_all([str(f) for f in ls.files], [max(s) for s in ls.shapes], imgsz, lambda i, img: None, f"decoding {split} images", threads)
+            where = "-"
+        for note in notes:
+            err.print(f"[yellow]warning:[/] {escape(note)}")
+        for f, why in bad:
+            err.print(f"[red]bad[/] {escape(f)}: {escape(why)}")
+        n_bad += len(bad)
+        boxes = sum(len(x) for x in ls.labels)
+        table.add_row(split, str(len(images)), str(len(images) - len(bad)), str(len(bad)), str(ls.backgrounds), str(boxes), fmt_bytes(size), where)
+        out.print(f"{split}: label cache {escape(str(cache_path_for(images)))}")
+    out.print(table)
+    out.print(f"{n_bad} bad file(s); they are skipped in training." if n_bad else "every image and label is usable.")
+    return 0
+
+
+def shapes(out: str | None = None, n_train: int = 2000, n_val: int = 200, size: int = 640, seed: int = 0) -> int:
+    from libreyolo.data.shapes import make_shapes
+
+    if not out:
+        raise ConfigError("data shapes needs out=DIR, the folder to write the dataset to")
+    path = Path(out).expanduser()
+    if path.exists() and any(path.iterdir()):
+        raise ConfigError(f"out={path} exists and is not empty; choose a new folder (the generator never overwrites)")
+    if min(n_train, n_val) < 1 or size < 32:
+        raise ConfigError(f"n_train={n_train} n_val={n_val} size={size}: need at least one image per split and size >= 32")
+    if path.exists():
+        path.rmdir()  # make_shapes builds aside and renames into place, which needs the name free
+    yaml_path = make_shapes(path, n_train, n_val, size, seed)
+    Console(highlight=False).print(f"wrote {n_train} train / {n_val} val images of {size} px to {path}; train with data={yaml_path}")
+    return 0
