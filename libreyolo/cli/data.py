@@ -44,11 +44,11 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
 
     if cache == "ram" or cache is True:
         raise ConfigError("cache=ram lives only as long as a training run; `data prepare` builds cache=disk (or none)")
-    out, err = Console(highlight=False), Console(stderr=True, highlight=False, soft_wrap=True)
+    out, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
     dc = load_data_config(data)
     table = Table(title=f"{dc.yaml_path} at imgsz {imgsz}")
-    for col in ("split", "images", "usable", "bad", "background", "boxes", "decoded", "image cache"):
-        table.add_column(col, justify="left" if col in ("split", "image cache") else "right")
+    for col in ("split", "images", "usable", "bad", "background", "boxes", "decoded", "disk cache"):
+        table.add_column(col, justify="left" if col in ("split", "disk cache") else "right")
     n_bad = 0
     for split in ("train", "val", "test"):
         sources = getattr(dc, split)
@@ -66,7 +66,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         if cache:
             src = open_image_cache("disk", ls, imgsz, split, notes, threads=threads)
             bad += [] if src is None else src.bad
-            where = "none (see above)" if src is None else f"disk: {src.written} new, {src.reused} kept"
+            where = "none (see above)" if src is None else f"{src.written} new, {src.reused} kept"
         else:
             # the label scan only reads headers; decoding every image is what training will do
             bad += decode_all([str(f) for f in ls.files], [max(s) for s in ls.shapes], imgsz, lambda i, img: None, f"decoding {split} images", threads)

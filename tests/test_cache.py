@@ -1,0 +1,155 @@
+"""Image caches (data/cache.py): byte-identical batches, staleness, memory refusal, sharing and cleanup."""
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from libreyolo.data import diskcache
+from libreyolo.data.cache import estimate_bytes, open_image_cache, ram_refusal
+from libreyolo.data.config import list_images, load_data_config
+from libreyolo.data.dataset import AugmentConfig, YOLODataset
+from libreyolo.data.decode import load_resized, reduction
+from libreyolo.data.labels import scan_labels
+from libreyolo.data.loader import train_loader, val_loader
+
+
+@pytest.fixture
+def shm(tmp_path, monkeypatch):
+    """A private stand-in for /dev/shm, so tests never see (or sweep) another process's RAM caches."""
+    d = tmp_path / "shm"
+    d.mkdir()
+    monkeypatch.setenv("LIBREYOLO_SHM_DIR", str(d))
+    return d
+
+
+def _copy(tiny_data, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(tiny_data.parent, root)
+    return root
+
+
+def _labels(root, split="train"):
+    dc = load_data_config(root / "data.yaml")
+    return scan_labels(list_images(getattr(dc, split)), dc.nc, use_cache=False)
+
+
+def _batches(ls, imgsz, source, workers):
+    ds = YOLODataset(ls, imgsz, True, AugmentConfig(), seed=0, image_source=source)
+    dl = train_loader(ds, 4, workers, seed=0, pin=False)
+    out = []
+    for epoch, mosaic in ((0, True), (1, False)):
+        dl.batch_sampler.set_epoch(epoch, mosaic)
+        out += list(dl)
+    vds = YOLODataset(ls, imgsz, False, image_source=source)
+    out += list(val_loader(vds, 8, workers, pin=False))
+    return out
+
+
+def test_cache_modes_and_worker_counts_give_byte_identical_batches(tiny_data, tmp_path, shm):
+    # imgsz 32 on 64 px JPEGs: the reduced-scale decode and the resize are both on the path
+    root = _copy(tiny_data, tmp_path)
+    ls = _labels(root)
+    assert reduction(max(ls.shapes[0]), 32) == 2
+    reference = _batches(ls, 32, None, 0)
+    for mode in ("disk", "ram"):
+        notes: list[str] = []
+        src = open_image_cache(mode, ls, 32, "train", notes, progress=False)
+        assert src.mode == mode and notes == []
+        for i in range(len(ls)):  # every image is served by the cache, not by the decode fallback
+            img = src.get(i)
+            assert img is not None and np.array_equal(img, load_resized(str(ls.files[i]), 32, max(ls.shapes[i])))
+        for workers in (0, 2):
+            got = _batches(ls, 32, src, workers)
+            assert len(got) == len(reference)
+            for a, b in zip(got, reference):
+                assert torch.equal(a["img"], b["img"]) and torch.equal(a["targets"], b["targets"]), (mode, workers)
+        src.close()
+
+
+def test_ram_cache_is_one_shared_file_removed_by_its_last_user(tiny_data, tmp_path, shm):
+    root = _copy(tiny_data, tmp_path)
+    ls = _labels(root)
+    orphan = shm / "libreyolo-ram-0123456789abcdef0123.bin"  # left by a run that crashed
+    orphan.write_bytes(b"x" * 1000)
+    notes: list[str] = []
+    a = open_image_cache("ram", ls, 64, "train", notes, progress=False)
+    assert a.built and not orphan.exists() and any(str(orphan) in n for n in notes)
+    b = open_image_cache("ram", ls, 64, "train", [], progress=False)  # a second rank on the host maps it
+    assert not b.built and b.path == a.path
+    assert np.array_equal(a.get(5), b.get(5)) and not a.get(5).flags.writeable
+    # a spawned worker receives the file's name, not its pixels
+    clone = pickle.loads(pickle.dumps(a))
+    assert len(pickle.dumps(a)) < 2000 and np.array_equal(clone.get(3), a.get(3))
+    files = sorted(p.name for p in shm.glob("*.bin"))
+    assert files == [a.path.name]
+    a.close()
+    assert a.path.exists()  # b still uses it
+    b.close()
+    assert not a.path.exists()
+
+
+def test_stale_disk_entries_are_rebuilt(tiny_data, tmp_path):
+    root = _copy(tiny_data, tmp_path)
+    ls = _labels(root)
+    first = open_image_cache("disk", ls, 64, "train", [], progress=False)
+    assert first.written == len(ls) and first.reused == 0
+    entry = Path(first.entries[0])
+    assert entry.parent == ls.files[0].parent and entry.name == ls.files[0].name + ".64.npy"
+    again = open_image_cache("disk", ls, 64, "train", [], progress=False)
+    assert again.written == 0 and again.reused == len(ls)
+    # a changed image (new pixels, new mtime) and a touched one are rebuilt; the others are kept
+    changed, touched = ls.files[2], ls.files[7]
+    cv2.imwrite(str(changed), 255 - cv2.imread(str(changed)))
+    st = os.stat(touched)
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    third = open_image_cache("disk", ls, 64, "train", [], progress=False)
+    assert third.written == 2 and third.reused == len(ls) - 2
+    assert np.array_equal(third.get(2), load_resized(str(changed), 64, max(ls.shapes[2])))
+    # another imgsz is a different entry
+    other = open_image_cache("disk", ls, 32, "train", [], progress=False)
+    assert other.written == len(ls) and max(other.get(0).shape[:2]) == 32
+
+
+def test_disk_cache_goes_to_the_user_cache_folder_when_images_are_read_only(tiny_data, tmp_path, monkeypatch):
+    root = _copy(tiny_data, tmp_path)
+    ls = _labels(root)
+    monkeypatch.setattr(diskcache, "_writable", lambda folder: False)
+    src = open_image_cache("disk", ls, 64, "train", [], progress=False)
+    entry = Path(src.entries[0])
+    assert entry.is_file() and Path(os.environ["LIBREYOLO_CACHE"]) in entry.parents
+    assert not list((root / "images" / "train").glob("*.npy"))
+
+
+def test_memory_estimate_refuses_an_impossible_ram_cache(tiny_data, tmp_path, shm):
+    root = _copy(tiny_data, tmp_path)
+    ls = _labels(root)
+    assert estimate_bytes([(480, 640)], 640) == 640 * 482 * 3  # two spare rows per image for rounding
+    why = ram_refusal(50 * 10**9, shm, available=8 * 10**9, total=16 * 10**9)
+    assert "needs 50.00 GB" in why and "8.00 GB of memory is available" in why and "4.29 GB must stay free" in why
+    notes: list[str] = []
+    src = open_image_cache("ram", ls, 64, "train", notes, available=2 * 10**9, progress=False)
+    assert src.mode == "disk"  # fell back, and said so with the numbers
+    assert len(notes) == 1 and "cache=ram for the train images (imgsz 64)" in notes[0]
+    assert "2.00 GB of memory is available" in notes[0] and "caching on disk instead" in notes[0]
+    assert not list(shm.glob("*.bin"))
+
+
+def test_images_that_fail_to_decode_while_caching_are_named_and_fall_back(tiny_data, tmp_path, shm):
+    root = _copy(tiny_data, tmp_path)
+    ls = _labels(root)
+    victim = ls.files[4]
+    victim.write_bytes(victim.read_bytes()[:40])  # broken after the label scan
+    for mode in ("ram", "disk"):
+        notes: list[str] = []
+        src = open_image_cache(mode, ls, 64, "train", notes, progress=False)
+        assert src.get(4) is None and any(str(victim) in n and "could not be decoded" in n for n in notes), mode
+        ds = YOLODataset(ls, 64, True, AugmentConfig(), seed=0, image_source=src)
+        out = ds[(4, 0, False)]
+        assert out["bad"] == [str(victim)] and out["index"] == 5  # the per-sample fallback still works
+        src.close()
