@@ -153,3 +153,31 @@ def test_images_that_fail_to_decode_while_caching_are_named_and_fall_back(tiny_d
         out = ds[(4, 0, False)]
         assert out["bad"] == [str(victim)] and out["index"] == 5  # the per-sample fallback still works
         src.close()
+
+
+def _open_in_child(ls, results, done):
+    src = open_image_cache("ram", ls, 64, "train", [], progress=False)
+    results.put((src.built, str(src.path), src.get(3).tobytes()))
+    done.wait(60)  # hold the cache until the parent has looked
+    src.close()
+
+
+def test_processes_of_one_host_build_the_ram_cache_once(tiny_data, tmp_path, shm):
+    import multiprocessing as mp
+
+    ls = _labels(_copy(tiny_data, tmp_path))
+    ctx = mp.get_context("fork")  # as DDP ranks would, two processes ask for the same cache at once
+    results, done = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_open_in_child, args=(ls, results, done)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=60) for _ in procs]
+        assert sorted(g[0] for g in got) == [False, True] and got[0][1:] == got[1][1:]
+        assert len(list(shm.glob("*.bin"))) == 1
+    finally:
+        done.set()
+        for p in procs:
+            p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert not list(shm.glob("*.bin"))

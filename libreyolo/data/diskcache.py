@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from libreyolo.data.decode import decode_all, slot_bytes
+from libreyolo.data.hostlock import HostLock, shared_dir
 from libreyolo.data.shapes import cache_root
 
 _writable_folders: dict[Path, bool] = {}
@@ -90,6 +91,17 @@ def open_disk_cache(
 ) -> DiskCache | str:
     """Reuse fresh entries, (re)build missing and stale ones. `refuse(bytes, folder)` returns a reason not to
     write them (disk space), which is returned instead of a cache."""
+    key = hashlib.sha256("\n".join([str(imgsz), *files]).encode()).hexdigest()[:20]
+    lock = HostLock(shared_dir() / f"libreyolo-disk-{key}.lock")
+    lock.acquire()  # DDP ranks of one host: the first builds, the others then find every entry fresh
+    try:
+        return _open(files, shapes, imgsz, desc, refuse, threads, progress)
+    finally:
+        lock.release()
+
+
+def _open(files: list[str], shapes: list[tuple[int, int]], imgsz: int, desc: str, refuse: Callable[[int, Path], str | None],
+          threads: int | None, progress: bool) -> DiskCache | str:
     entries = [entry_path(Path(f), imgsz) for f in files]
     cache = DiskCache(entries, imgsz)
     src_mtime = [_mtime_ns(f) for f in files]
