@@ -83,7 +83,8 @@ def test_bench_loader_prints_json_and_a_table(tiny_data, tmp_path):
     report = json.loads(r.stdout)
     rows = [(x["cache"], x["workers"]) for x in report["results"]]
     assert rows == [(c, w) for c in ("none", "disk", "ram") for w in (0, 1)]
-    assert all(x["img_s"] > 0 and x["used"] == x["cache"] for x in report["results"]) and report["images"] == 16
+    assert all(x["img_s"] > 0 and x["cpu_ms_per_img"] >= 0 and x["used"] == x["cache"] for x in report["results"])
+    assert report["images"] == 16 and report["cpus"] >= 1
     t = _cli("bench", "loader", *env_args, "workers=0", "cache=ram")
     assert t.returncode == 0 and "img/s" in t.stdout and "ram" in t.stdout
     bad = _cli("bench", "loader", *env_args, "cache=tape")

@@ -4,16 +4,19 @@ cache mode and a range of worker counts, so a user sees what this machine can fe
 Each row builds (or reuses) its cache first, reads every file once so the OS page cache is warm (the
 steady state of every epoch after the first when the data fits in memory), starts the loader, discards
 `warmup` batches (worker start-up, queues filling) and times the next `batches` batches of the training
-pipeline (mosaic, affine, HSV, flip; uint8 batches, pinned when CUDA is present)."""
+pipeline (mosaic, affine, HSV, flip; uint8 batches, pinned when CUDA is present), and reports the CPU
+time per image of the training process and its workers, which does not depend on other load."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from rich.console import Console
 from rich.markup import escape
@@ -125,7 +128,7 @@ def bench(
     report: dict[str, Any] = {
         "cpu": cpu_name(), "cpus": cpu_count(), "torch": torch.__version__, "data": str(dc.yaml_path), "images": len(ls),
         "imgsz": imgsz, "batch": batch, "batches": batches, "mosaic": mosaic, "pin_memory": pin, "results": [], "notes": [],
-        "date": time.strftime("%Y-%m-%d"),
+        "date": time.strftime("%Y-%m-%d"), "load_avg": [_load_avg()],
     }
     for mode in cache:
         notes: list[str] = []
@@ -139,15 +142,23 @@ def bench(
             ds = YOLODataset(ls, imgsz, augment=True, hyp=AugmentConfig(), seed=seed, image_source=src)
             for w in workers:
                 wu = warmup if warmup is not None else 2 * w + 2
-                img_s, ms = _time_loader(ds, batch, w, batches, wu, mosaic, seed, pin)
+                img_s, ms, cpu_ms = _time_loader(ds, batch, w, batches, wu, mosaic, seed, pin)
                 report["results"].append({
                     "cache": mode, "used": src.mode if src is not None else "none", "workers": w, "img_s": round(img_s, 1),
-                    "ms_per_batch": round(ms, 2), "warmup_batches": wu, "cache_build_s": round(build_s, 2),
+                    "ms_per_batch": round(ms, 2), "cpu_ms_per_img": round(cpu_ms, 2), "warmup_batches": wu, "cache_build_s": round(build_s, 2),
                 })
         finally:
             if src is not None:
                 src.close()
+    report["load_avg"].append(_load_avg())  # other work on the machine while measuring (1-minute load average)
     return report
+
+
+def _load_avg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def _warm_page_cache(paths: list[str]) -> None:
@@ -160,8 +171,9 @@ def _warm_page_cache(paths: list[str]) -> None:
             pass  # a missing entry is read (and decoded) by the loader as training would
 
 
-def _time_loader(ds: Any, batch: int, workers: int, batches: int, warmup: int, mosaic: bool, seed: int, pin: bool) -> tuple[float, float]:
-    """-> images/s and ms per batch over `batches` batches after `warmup`; epochs roll over as in training."""
+def _time_loader(ds: Any, batch: int, workers: int, batches: int, warmup: int, mosaic: bool, seed: int, pin: bool) -> tuple[float, float, float]:
+    """-> images/s, ms per batch and CPU ms per image over `batches` batches after `warmup`; epochs roll
+    over as in training."""
     from libreyolo.data.loader import train_loader
 
     dl = train_loader(ds, batch, workers, seed, pin)
@@ -183,12 +195,28 @@ def _time_loader(ds: Any, batch: int, workers: int, batches: int, warmup: int, m
     for _ in range(warmup):
         next_batch()
     n = 0
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     for _ in range(batches):
         n += len(next_batch()["img"])
     elapsed = time.perf_counter() - t0
+    cpu = sum(v - cpu0[pid] for pid, v in _cpu_seconds().items() if pid in cpu0)
     del it, dl  # shuts the workers down before the next row starts its own
-    return n / elapsed, elapsed / batches * 1000
+    return n / elapsed, elapsed / batches * 1000, cpu / n * 1000
+
+
+def _cpu_seconds() -> dict[int, float]:
+    """CPU seconds (user + system) of this process and each loader worker. CPU per image does not depend on
+    what else runs on the machine: cores / (CPU s per image) is what a free machine would feed."""
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children()]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass  # a worker that just exited
+    return out
 
 
 def print_report(r: dict[str, Any]) -> None:
@@ -196,14 +224,16 @@ def print_report(r: dict[str, Any]) -> None:
     for note in r["notes"]:
         Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning:[/] {escape(note)}")
     t = Table(title=f"data loader, {r['images']} images at imgsz {r['imgsz']}, batch {r['batch']}, mosaic {'on' if r['mosaic'] else 'off'}")
-    for col in ("cache", "workers", "img/s", "ms/batch", "cache build s"):
+    for col in ("cache", "workers", "img/s", "ms/batch", "CPU ms/img", "cache build s"):
         t.add_column(col, justify="left" if col == "cache" else "right")
     best = max(r["results"], key=lambda x: x["img_s"], default=None)
     for x in r["results"]:
         name = x["cache"] if x["used"] == x["cache"] else f"{x['cache']} (fell back to {x['used']})"
         style = "bold green" if x is best else None
-        t.add_row(name, str(x["workers"]), f"{x['img_s']:.1f}", f"{x['ms_per_batch']:.1f}", f"{x['cache_build_s']:.1f}" if x["cache"] != "none" else "-", style=style)
+        t.add_row(name, str(x["workers"]), f"{x['img_s']:.1f}", f"{x['ms_per_batch']:.1f}", f"{x['cpu_ms_per_img']:.1f}", f"{x['cache_build_s']:.1f}" if x["cache"] != "none" else "-", style=style)
     console.print(t)
-    console.print(f"{r['cpus']} CPUs ({r['cpu']}), torch {r['torch']}, pin_memory {r['pin_memory']}, {r['batches']} timed batches per row after warm-up, {r['date']}")
-    console.print("A training run is dataloader-bound when the GPU step takes more images/s than this table gives at its workers "
-                  "(compare with the profiler or `libreyolo bench step`).")
+    console.print(f"{r['cpus']} CPUs ({r['cpu']}), torch {r['torch']}, pin_memory {r['pin_memory']}, {r['batches']} timed batches per row after warm-up, "
+                  f"load average {r['load_avg'][0]} -> {r['load_avg'][1]}, {r['date']}")
+    console.print("CPU ms/img counts the training process and its workers: cores x 1000 / (CPU ms/img) is about what an "
+                  "otherwise idle machine feeds. A run is dataloader-bound when its step takes more images/s than this table "
+                  "gives at its workers (the profiler's dataloader verdict).")
