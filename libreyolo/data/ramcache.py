@@ -80,7 +80,8 @@ class RamCache:
     def close(self) -> None:
         """Stop using the cache; the last process on the host to close it deletes the file."""
         self._data = self._index = None
-        self._finalizer()
+        if self._finalizer is not None:  # None in a spawned worker, which holds no lock to release
+            self._finalizer()
 
     def __getstate__(self) -> dict:
         # a spawned worker receives the path and maps the file itself: the pages are never pickled
