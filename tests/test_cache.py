@@ -181,3 +181,17 @@ def test_processes_of_one_host_build_the_ram_cache_once(tiny_data, tmp_path, shm
             p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
     assert not list(shm.glob("*.bin"))
+
+
+def test_a_full_shm_during_the_build_falls_back_to_disk(tiny_data, tmp_path, shm, monkeypatch):
+    import errno
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    ls = _labels(_copy(tiny_data, tmp_path))
+    notes: list[str] = []
+    src = open_image_cache("ram", ls, 64, "train", notes, progress=False)
+    assert src.mode == "disk" and "No space left on device" in notes[0] and "caching on disk instead" in notes[0]
+    assert not list(shm.glob("libreyolo-ram-*.bin*"))  # no partial file left behind

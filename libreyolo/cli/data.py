@@ -64,7 +64,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         notes: list[str] = []
         size = estimate_bytes(ls.shapes, imgsz)
         if cache:
-            src = open_image_cache("disk", ls, imgsz, split, notes, threads=threads)
+            src = open_image_cache("disk", ls, imgsz, split, notes, threads=threads, note_bad=False)
             bad += [] if src is None else src.bad
             where = "none (see above)" if src is None else f"{src.written} new, {src.reused} kept"
         else:

@@ -90,9 +90,11 @@ def open_image_cache(
     available: int | None = None,
     threads: int | None = None,
     progress: bool = True,
+    note_bad: bool = True,
 ) -> ImageSource | None:
     """The image source for cache=mode (True means ram), falling back ram -> disk -> none when it won't fit.
-    Warnings (fallbacks, files that could not be decoded) are appended to notes. Close the source at the end."""
+    Warnings (fallbacks and, with note_bad, files that could not be decoded) are appended to notes; the
+    source's `bad` lists those files too. Close the source at the end."""
     if not mode or not len(labels):
         return None
     mode = "ram" if mode is True else str(mode)
@@ -118,6 +120,6 @@ def open_image_cache(
         if got.write_errors:
             f, err = got.write_errors[0]
             notes.append(f"cache=disk: {len(got.write_errors)} {split} entries could not be written (first: {f}: {err}); those images are decoded each time")
-    for f, why in source.bad:
+    for f, why in source.bad if note_bad else []:
         notes.append(f"{split}: {f} could not be decoded while caching ({why}); it is skipped (replaced by its neighbour) when met")
     return source

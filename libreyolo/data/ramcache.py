@@ -17,6 +17,7 @@ import hashlib
 import mmap
 import os
 import struct
+import sys
 import weakref
 from pathlib import Path
 from typing import Callable
@@ -120,7 +121,9 @@ def open_ram_cache(
     build = HostLock(folder / f"{PREFIX}{key}.build.lock")
     try:
         if not build.acquire(wait=False):
-            notes.append(f"{desc}: waiting for another process (a DDP rank or a run on the same images) to finish {path}")
+            msg = f"{desc}: waiting for another process (a DDP rank or a run on the same images) to finish {path}"
+            print(msg, file=sys.stderr, flush=True)  # said now: the wait can be minutes
+            notes.append(msg)
             build.acquire()
         try:
             cache = RamCache(path, len(files), users)
@@ -139,7 +142,12 @@ def open_ram_cache(
                 cache._finalizer.detach()
                 users.release()
                 return why
-            cache.bad = _build(path, files, shapes, imgsz, desc, threads, progress)
+            try:
+                cache.bad = _build(path, files, shapes, imgsz, desc, threads, progress)
+            except OSError as e:  # ENOSPC from the reservation, a folder we may not write
+                cache._finalizer.detach()
+                users.release()
+                return f"writing {need / 1e9:.2f} GB to {folder} failed ({e})"
             cache.built = True
             return cache
         finally:
@@ -158,7 +166,12 @@ def _build(path: Path, files: list[str], shapes: list[tuple[int, int]], imgsz: i
     tmp = path.with_name(f"{path.name}.partial-{os.getpid()}")
     try:
         with open(tmp, "w+b") as f:
-            f.truncate(total)  # sparse: tmpfs pages are only taken as images are written
+            if hasattr(os, "posix_fallocate"):
+                # reserve every page now: a tmpfs that fills up fails here with ENOSPC, not with a SIGBUS
+                # that kills the process halfway through writing the images
+                os.posix_fallocate(f.fileno(), 0, total)
+            else:
+                f.truncate(total)
             mm = mmap.mmap(f.fileno(), total)
         data = np.frombuffer(mm, np.uint8, count=idx_off)
         index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
