@@ -91,21 +91,33 @@ def test_bench_loader_prints_json_and_a_table(tiny_data, tmp_path):
     assert bad.returncode == 2 and "'tape' is not one of none, disk, ram" in bad.stderr
 
 
-def test_training_with_cache_ram_uses_it_and_then_releases_it(tiny_data, tmp_path, monkeypatch):
+def test_training_setup_with_cache_ram_serves_both_splits_and_releases_them(tiny_data, tmp_path, monkeypatch):
     from libreyolo import LibreYOLO
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.setup import build_setup
+    from libreyolo.engine.trainer import Trainer
 
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setenv("LIBREYOLO_SHM_DIR", str(shm))
     root = tmp_path / "ds"
     shutil.copytree(tiny_data.parent, root)
+
     def no_decode(*a):
         raise AssertionError("a cached image was decoded again")
 
     monkeypatch.setattr("libreyolo.data.dataset.load_resized", no_decode)  # workers=0: the loader runs here
     m = LibreYOLO("LibreYOLO9t")
-    m.train(**{**FAST, "data": str(root / "data.yaml"), "project": str(tmp_path / "runs"), "epochs": 1, "cache": "ram"})
-    assert m.last_run is not None and not list(shm.glob("*.bin"))  # the run's RAM caches went with the run
+    kw = {**FAST, "data": str(root / "data.yaml"), "project": str(tmp_path / "runs"), "epochs": 1, "cache": True}
+    s = build_setup(Trainer(m, TrainConfig.from_overrides(kw, defaults=m.family.defaults), set(kw)))
+    try:
+        assert s.train_loader.dataset.image_source.mode == "ram" and s.val_loader.dataset.image_source.mode == "ram"
+        assert len(list(shm.glob("*.bin"))) == 2  # train and val
+        assert next(iter(s.train_loader))["img"].shape == (8, 64, 64, 3)
+        assert next(iter(s.val_loader))["img"].shape[1:] == (64, 64, 3)
+    finally:
+        s.close()  # what the trainer does when the run ends
+    assert not list(shm.glob("*.bin"))
 
 
 def test_fast_flip_and_hsv_give_the_reference_bytes():
