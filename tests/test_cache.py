@@ -168,7 +168,7 @@ def test_processes_of_one_host_build_the_ram_cache_once(tiny_data, tmp_path, shm
     ls = _labels(_copy(tiny_data, tmp_path))
     ctx = mp.get_context("fork")  # as DDP ranks would, two processes ask for the same cache at once
     results, done = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_open_in_child, args=(ls, results, done)) for _ in range(2)]
+    procs = [ctx.Process(target=_open_in_child, args=(ls, results, done), daemon=True) for _ in range(2)]
     for p in procs:
         p.start()
     try:
@@ -179,6 +179,8 @@ def test_processes_of_one_host_build_the_ram_cache_once(tiny_data, tmp_path, shm
         done.set()
         for p in procs:
             p.join(60)
+            if p.is_alive():  # a hung child must fail this test, not hang the whole session
+                p.kill()
     assert [p.exitcode for p in procs] == [0, 0]
     assert not list(shm.glob("*.bin"))
 

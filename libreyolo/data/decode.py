@@ -71,9 +71,11 @@ def decode_all(
     from libreyolo.data.loader import cpu_count
 
     threads = threads or cpu_count()
-    # each thread decodes one image: OpenCV's own thread pool on top would only oversubscribe the cores
+    # each thread decodes one image: OpenCV's own thread pool on top would only oversubscribe the cores.
+    # 0 (run sequentially), not 1: setNumThreads(1) hangs in a process forked from one whose OpenCV pool
+    # had started (OpenCV 5.0, pthreads backend), and DDP ranks or tests may be such processes.
     cv_threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
+    cv2.setNumThreads(0)
     bad: list[tuple[str, str]] = []
 
     def one(i: int) -> None:
