@@ -5,7 +5,7 @@ Each row builds (or reuses) its cache first, reads every file once so the OS pag
 steady state of every epoch after the first when the data fits in memory), starts the loader, discards
 `warmup` batches (worker start-up, queues filling) and times the next `batches` batches of the training
 pipeline (mosaic, affine, HSV, flip; uint8 batches, pinned when CUDA is present), and reports the CPU
-time per image of the training process and its workers, which does not depend on other load."""
+time per image of the training process and its workers, which depends much less on other load than images/s."""
 
 from __future__ import annotations
 
@@ -206,8 +206,8 @@ def _time_loader(ds: Any, batch: int, workers: int, batches: int, warmup: int, m
 
 
 def _cpu_seconds() -> dict[int, float]:
-    """CPU seconds (user + system) of this process and each loader worker. CPU per image does not depend on
-    what else runs on the machine: cores / (CPU s per image) is what a free machine would feed."""
+    """CPU seconds (user + system) of this process and each loader worker. CPU per image depends much less
+    than images/s on what else runs: cores / (CPU s per image) is about what a free machine would feed."""
     me = psutil.Process()
     out = {}
     for p in [me, *me.children()]:
