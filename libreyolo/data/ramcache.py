@@ -122,7 +122,8 @@ def open_ram_cache(
     try:
         if not build.acquire(wait=False):
             msg = f"{desc}: waiting for another process (a DDP rank or a run on the same images) to finish {path}"
-            print(msg, file=sys.stderr, flush=True)  # said now: the wait can be minutes
+            if progress:  # said now (the wait can be minutes), by the process that talks to the terminal
+                print(msg, file=sys.stderr, flush=True)
             notes.append(msg)
             build.acquire()
         try:
