@@ -127,3 +127,12 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
     run_ends = [e for e in read_events(events) if e["type"] == "run_end"]
     assert [e["status"] for e in run_ends] == ["finished"]  # the killed process never wrote one
     assert load_checkpoint(last)["epoch"] == 6
+
+
+def test_loader_workers_are_gone_when_train_returns(tiny_data, tmp_path):
+    """Persistent workers left to interpreter exit cost 5 s each there (torch's atexit join timeout)."""
+    import psutil
+
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 1, "workers": 2})
+    assert psutil.Process().children(recursive=True) == []

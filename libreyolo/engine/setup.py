@@ -103,8 +103,17 @@ class TrainSetup:
         )
 
     def close(self) -> None:
+        release_workers(self.train_loader)
         for fn in self.closers:
             fn()
+
+
+def release_workers(loader: torch.utils.data.DataLoader) -> None:
+    """Stop a loader's persistent workers now. Left to interpreter exit, torch's atexit hook joins each
+    worker with a 5 s timeout before terminating it: 15 workers cost 75 s after a finished run (seen on
+    the H200). Dropping the iterator sends the workers their stop sentinel, and they exit at once."""
+    if getattr(loader, "_iterator", None) is not None:
+        loader._iterator = None
 
 
 def resolve_resume_path(cfg: TrainConfig) -> Path:
