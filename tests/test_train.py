@@ -133,6 +133,12 @@ def test_loader_workers_are_gone_when_train_returns(tiny_data, tmp_path):
     """Persistent workers left to interpreter exit cost 5 s each there (torch's atexit join timeout)."""
     import psutil
 
-    m = LibreYOLO("LibreYOLO9t")
-    m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 1, "workers": 2})
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.trainer import Trainer
+
+    kw = {**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 1, "workers": 2}
+    trainer = Trainer(LibreYOLO("LibreYOLO9t"), TrainConfig.from_overrides(kw), set(kw))
+    trainer.train()
+    # the trainer (and its loader) is still referenced here, as a reference cycle would keep it
+    assert trainer.s.train_loader is not None
     assert psutil.Process().children(recursive=True) == []
