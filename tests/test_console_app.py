@@ -4,6 +4,7 @@ leaves the run training, and re-attaching rebuilds the finished run."""
 
 import asyncio
 import os
+import re
 import signal
 import sys
 import time
@@ -89,10 +90,14 @@ def test_run_lifecycle_start_quit_reattach_stop_resume_quit_reattach(tiny_data, 
     asyncio.run(_reattach_finished(run_dir, tmp_path))
 
 
+LIFECYCLE_EPOCHS = 8
+
+
 async def _start_and_quit(tiny_data, tmp_path, runs_started):
     app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
     async with app.run_test(size=(100, 30)) as pilot:
-        screen = await start_tiny_run(pilot, tiny_data, epochs=2)
+        # long enough to still be live when the next console re-attaches on an idle machine
+        screen = await start_tiny_run(pilot, tiny_data, epochs=LIFECYCLE_EPOCHS)
         run_dir = screen.run_dir
         runs_started.append(run_dir)
         assert run_dir.parent == (tmp_path / "runs").resolve() and run_dir.name == "exp"
@@ -101,7 +106,7 @@ async def _start_and_quit(tiny_data, tmp_path, runs_started):
         assert screen.status == LIVE
         await pilot.pause(0.5)  # one redraw
         progress = str(screen.query_one(ProgressPanel).render())
-        assert "epoch 1/2" in progress and "img/s" in progress
+        assert re.search(rf"epoch \d+/{LIFECYCLE_EPOCHS}", progress) and "img/s" in progress
         assert screen.state.losses and "live" in str(screen.query_one("#run-status").render())
         await pilot.press("q")
     return run_dir
@@ -125,7 +130,7 @@ async def _reattach_stop_resume_quit(run_dir, rec, tmp_path):
         await until(pilot, lambda: "stopped by SIGINT" in screen.stop_note, "the stop report")
         assert read_record(run_dir).stop["ended_by"] == "SIGINT"
         ck = load_checkpoint(run_dir / "weights" / "last.pt")
-        assert "train" in ck and ck["epoch"] <= 1
+        assert "train" in ck and ck["epoch"] < LIFECYCLE_EPOCHS  # stopped mid-run: there is something to resume
         assert [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"] == ["interrupted"]
 
         await pilot.press("r")
@@ -143,7 +148,8 @@ async def _reattach_finished(run_dir, tmp_path):
         await until(pilot, lambda: screen.status == "finished" and screen.state.end is not None, "the finished state")
         await pilot.pause(0.5)
         assert "100%" in str(screen.query_one(ProgressPanel).render())
-        assert screen.state.epochs_done == 2 and screen.query_one("#epoch-table", EpochTable).row_count == 2
+        assert screen.state.epochs_done == LIFECYCLE_EPOCHS
+        assert screen.query_one("#epoch-table", EpochTable).row_count == LIFECYCLE_EPOCHS
         assert not screen.check_action("stop", ()) and not screen.check_action("resume", ())
         await pilot.press("escape")  # back to the run list, which shows it finished
         await until(pilot, lambda: "finished" in str(again.screen.query_one("#run-list").get_row_at(0)), "the run list")

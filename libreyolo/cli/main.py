@@ -24,7 +24,8 @@ USAGE = "usage: libreyolo COMMAND [key=value ...]   (libreyolo COMMAND --help fo
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console(stderr=True, highlight=False)
+    # soft_wrap: an error names a file path; hard-wrapping it at 80 columns would break it for copy and grep
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     if not argv or argv[0] in ("-h", "--help", "help"):
         console.print(USAGE + "\n\ncommands:", markup=False)
         for name, (_, help_) in COMMANDS.items():
