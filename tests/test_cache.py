@@ -197,3 +197,25 @@ def test_a_full_shm_during_the_build_falls_back_to_disk(tiny_data, tmp_path, shm
     src = open_image_cache("ram", ls, 64, "train", notes, progress=False)
     assert src.mode == "disk" and "No space left on device" in notes[0] and "caching on disk instead" in notes[0]
     assert not list(shm.glob("libreyolo-ram-*.bin*"))  # no partial file left behind
+
+
+def test_two_cpu_ranks_share_one_ram_cache_and_remove_it(tiny_data, tmp_path, shm, monkeypatch):
+    """DDP (2 Gloo ranks on CPU): both ranks train from the same RAM caches, which are gone after the run."""
+    from libreyolo import LibreYOLO
+    from libreyolo.distributed.launch import CPU_WORLD_ENV, SPAWNED_ENV
+    from libreyolo.events import read_events
+
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", SPAWNED_ENV):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(CPU_WORLD_ENV, "2")
+    root = _copy(tiny_data, tmp_path)
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(data=str(root / "data.yaml"), project=str(tmp_path / "runs"), epochs=1, imgsz=64, batch=4, workers=0, device="cpu",
+            cache="ram", val=False)
+    events = list(read_events(m.last_run / "events.jsonl"))
+    assert events[0]["world_size"] == 2 and events[-1]["status"] == "finished"
+    warnings = [e["message"] for e in events if e["type"] == "warning"]
+    assert not [w for w in warnings if "cache=" in w or "while caching" in w], warnings  # no fallback, nothing undecodable
+    assert not list(shm.glob("*.bin*"))
+    # one key per split, used by both ranks (each key has its users' lock file)
+    assert len(list(shm.glob("libreyolo-ram-*.build.lock"))) == 2

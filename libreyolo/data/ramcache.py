@@ -121,10 +121,9 @@ def open_ram_cache(
     build = HostLock(folder / f"{PREFIX}{key}.build.lock")
     try:
         if not build.acquire(wait=False):
-            msg = f"{desc}: waiting for another process (a DDP rank or a run on the same images) to finish {path}"
-            if progress:  # said now (the wait can be minutes), by the process that talks to the terminal
-                print(msg, file=sys.stderr, flush=True)
-            notes.append(msg)
+            if progress:  # said now (the wait can be minutes), by the process that talks to the terminal; not a warning
+                print(f"{desc}: waiting for another process (a DDP rank or a run on the same images) to finish {path}",
+                      file=sys.stderr, flush=True)
             build.acquire()
         try:
             cache = RamCache(path, len(files), users)
