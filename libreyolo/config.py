@@ -177,7 +177,7 @@ class TrainConfig:
     patience: int = opt(100, _nonneg(_int), "stop after this many epochs without a better fitness (0: never)", "run")
     val: bool = opt(True, _bool, "validate after every epoch", "run")
     save_period: int = opt(-1, _int, "also save weights/epochN.pt every N epochs (-1: never)", "run")
-    cache: bool | str = opt(False, _bool_or("ram", "disk", true_means="ram"), "cache decoded images: ram, disk or false", "run")
+    cache: bool | str = opt(False, _bool_or("ram", "disk", "auto", true_means="ram"), "cache decoded images: ram, disk, auto (ram if it fits, else none) or false", "run")
     # optimisation
     optimizer: str = opt("auto", _choice("auto", "SGD", "AdamW"), "optimizer; auto is SGD", "optim")
     lr0: float = opt(0.01, _positive(_float), "initial learning rate", "optim")

@@ -138,6 +138,13 @@ def test_memory_estimate_refuses_an_impossible_ram_cache(tiny_data, tmp_path, sh
     assert len(notes) == 1 and "cache=ram for the train images (imgsz 64)" in notes[0]
     assert "2.00 GB of memory is available" in notes[0] and "caching on disk instead" in notes[0]
     assert not list(shm.glob("*.bin"))
+    # cache=auto: RAM when it fits, else no cache at all (nothing written beside the images)
+    notes = []
+    assert open_image_cache("auto", _labels(_copy(tiny_data, tmp_path / "b")), 64, "train", notes, available=2 * 10**9, progress=False) is None
+    assert len(notes) == 1 and "cache=auto for the train images" in notes[0] and "training without an image cache" in notes[0]
+    auto = open_image_cache("auto", ls, 64, "train", [], progress=False)
+    assert auto.mode == "ram"
+    auto.close()
 
 
 def test_images_that_fail_to_decode_while_caching_are_named_and_fall_back(tiny_data, tmp_path, shm):

@@ -42,8 +42,8 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
     from libreyolo.data.decode import decode_all
     from libreyolo.data.labels import cache_path_for, scan_labels
 
-    if cache == "ram" or cache is True:
-        raise ConfigError("cache=ram lives only as long as a training run; `data prepare` builds cache=disk (or none)")
+    if cache not in (False, "disk"):
+        raise ConfigError(f"cache={'ram' if cache is True else cache} lives only as long as a training run; `data prepare` builds cache=disk (or none)")
     out, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
     dc = load_data_config(data)
     table = Table(title=f"{dc.yaml_path} at imgsz {imgsz}")

@@ -92,19 +92,23 @@ def open_image_cache(
     progress: bool = True,
     note_bad: bool = True,
 ) -> ImageSource | None:
-    """The image source for cache=mode (True means ram), falling back ram -> disk -> none when it won't fit.
+    """The image source for cache=mode (True means ram), falling back ram -> disk -> none when it won't fit;
+    `auto` is ram when it fits and otherwise none (it never writes beside the user's images unasked).
     Warnings (fallbacks and, with note_bad, files that could not be decoded) are appended to notes; the
     source's `bad` lists those files too. Close the source at the end."""
     if not mode or not len(labels):
         return None
     mode = "ram" if mode is True else str(mode)
-    if mode not in ("ram", "disk"):
-        raise ValueError(f"cache={mode!r}: expected ram, disk or false")
+    if mode not in ("ram", "disk", "auto"):
+        raise ValueError(f"cache={mode!r}: expected ram, disk, auto or false")
     files = [str(f) for f in labels.files]
     desc = f"caching {split} images ({len(files)}, imgsz {imgsz})"
     source: ImageSource | None = None
-    if mode == "ram":
+    if mode in ("ram", "auto"):
         got = open_ram_cache(files, labels.shapes, imgsz, desc, lambda n, f: ram_refusal(n, f, available), notes, threads, progress)
+        if isinstance(got, str) and mode == "auto":
+            notes.append(f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache (cache=disk caches on disk).")
+            return None
         if isinstance(got, str):
             notes.append(f"cache=ram for the {split} images (imgsz {imgsz}): {got}; caching on disk instead. "
                          f"Set cache=disk to skip this check, lower imgsz, or free memory.")
