@@ -206,20 +206,25 @@ def test_a_full_shm_during_the_build_falls_back_to_disk(tiny_data, tmp_path, shm
     assert not list(shm.glob("libreyolo-ram-*.bin*"))  # no partial file left behind
 
 
-def test_two_cpu_ranks_share_one_ram_cache_and_remove_it(tiny_data, tmp_path, shm, monkeypatch):
-    """DDP (2 Gloo ranks on CPU): both ranks train from the same RAM caches, which are gone after the run."""
-    from libreyolo import LibreYOLO
+def test_two_cpu_ranks_share_one_ram_cache_and_remove_it(tiny_data, tmp_path, shm):
+    """DDP (2 Gloo ranks on CPU): both ranks train from the same RAM caches, which are gone after the run.
+    Run as a command, so the launcher's processes (and multiprocessing's resource tracker) stay out of pytest."""
+    import subprocess
+    import sys
+
     from libreyolo.distributed.launch import CPU_WORLD_ENV, SPAWNED_ENV
     from libreyolo.events import read_events
 
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", SPAWNED_ENV):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv(CPU_WORLD_ENV, "2")
     root = _copy(tiny_data, tmp_path)
-    m = LibreYOLO("LibreYOLO9t")
-    m.train(data=str(root / "data.yaml"), project=str(tmp_path / "runs"), epochs=1, imgsz=64, batch=4, workers=0, device="cpu",
-            cache="ram", val=False)
-    events = list(read_events(m.last_run / "events.jsonl"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", SPAWNED_ENV)}
+    env[CPU_WORLD_ENV] = "2"
+    project = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "libreyolo.cli.main", "train", f"data={root / 'data.yaml'}", f"project={project}",
+                        "epochs=1", "imgsz=64", "batch=4", "workers=0", "device=cpu", "cache=ram", "val=false"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = project / "exp"
+    events = list(read_events(run / "events.jsonl"))
     assert events[0]["world_size"] == 2 and events[-1]["status"] == "finished"
     warnings = [e["message"] for e in events if e["type"] == "warning"]
     assert not [w for w in warnings if "cache=" in w or "while caching" in w], warnings  # no fallback, nothing undecodable
