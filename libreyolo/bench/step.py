@@ -18,7 +18,7 @@ from libreyolo.cli.args import parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import ConfigError
 
-MODES = {"eager": False, "graph": True, "full": "full"}
+MODES = {"eager": False, "graph": True, "full": "full", "compile": False}  # compile: eager with torch.compile (bench only)
 KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer"}
 
 
@@ -38,7 +38,11 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
 
 
 def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None, flat: bool = True) -> tuple[Any, Any]:
-    """A fresh network (seeded) and the step runner for `mode` (eager | graph | full) -> (runner, StepParts)."""
+    """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile) -> (runner, StepParts).
+
+    compile is an experiment for the benchmark, not a training option: the eager step with its forward (network
+    under autocast) and its loss wrapped in torch.compile (default mode, static shapes); the optimizer and the EMA
+    stay eager."""
     from libreyolo.engine.components import build_step_parts
     from libreyolo.engine.graphs import select_step
     from libreyolo.families import parse_model_name
@@ -49,6 +53,10 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
     net = family.build(size, nc)
     parts = build_step_parts(family, net, cfg, device, cfg.batch, 10_000_000, flat=flat)
     eager = parts.eager_step(cfg.grad_clip, cfg.channels_last and device.type == "cuda")
+    if mode == "compile":
+        eager.forward = torch.compile(eager.forward, dynamic=False)
+        eager.loss_fn = torch.compile(eager.loss_fn, dynamic=False)
+        return eager, parts
     return select_step(eager, parts, cfg, family, device, 1, emit or (lambda e: None)), parts
 
 
@@ -69,7 +77,11 @@ def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
     run(warmup)
+    if cuda:
+        torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - t0  # includes graph capture or compilation
     times = []
     for _ in range(steps):
         if cuda:
@@ -84,7 +96,7 @@ def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc
             run(1)
             times.append((time.perf_counter() - t) * 1000)
     out: dict[str, Any] = {
-        "mode": mode, "median_ms": statistics.median(times), "min_ms": min(times), "steps": steps, "accumulate": acc,
+        "mode": mode, "median_ms": statistics.median(times), "min_ms": min(times), "steps": steps, "accumulate": acc, "warmup_s": warmup_s,
         "peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
         "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None, "notes": notes,
     }
@@ -105,10 +117,10 @@ def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
-        return show_help("bench step", KEYS, {"modes": "comma list of eager, graph, full (default: all)", "steps": "timed steps (>= 24)",
+        return show_help("bench step", KEYS, {"modes": "comma list of eager, graph, full, compile (default: eager, graph, full; compile = eager under torch.compile)", "steps": "timed steps (>= 24)",
                                                "warmup": "untimed steps first (default 16)", "kernels": "count kernels per step and phase (default true)", "json": "print JSON"})
     kw = parse_kv(argv, KEYS, extra)
-    modes = [m.strip() for m in kw.pop("modes", ",".join(MODES)).split(",")]
+    modes = [m.strip() for m in kw.pop("modes", "eager,graph,full").split(",")]
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ConfigError(f"modes={bad[0]!r}: choose from {', '.join(MODES)}")
