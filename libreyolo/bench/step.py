@@ -18,7 +18,7 @@ from libreyolo.cli.args import parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import ConfigError
 
-MODES = {"eager": False, "graph": True, "full": "full", "compile": False}  # compile: eager with torch.compile (bench only)
+MODES = {"eager": False, "graph": True, "full": "full", "compile": False, "compile-net": False}  # torch.compile experiments (bench only)
 KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer"}
 
 
@@ -42,7 +42,7 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
 
     compile is an experiment for the benchmark, not a training option: the eager step with its forward (network
     under autocast) and its loss wrapped in torch.compile (default mode, static shapes); the optimizer and the EMA
-    stay eager."""
+    stay eager. compile-net compiles the forward only."""
     from libreyolo.engine.components import build_step_parts
     from libreyolo.engine.graphs import select_step
     from libreyolo.families import parse_model_name
@@ -53,9 +53,10 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
     net = family.build(size, nc)
     parts = build_step_parts(family, net, cfg, device, cfg.batch, 10_000_000, flat=flat)
     eager = parts.eager_step(cfg.grad_clip, cfg.channels_last and device.type == "cuda")
-    if mode == "compile":
+    if mode.startswith("compile"):
         eager.forward = torch.compile(eager.forward, dynamic=False)
-        eager.loss_fn = torch.compile(eager.loss_fn, dynamic=False)
+        if mode == "compile":
+            eager.loss_fn = torch.compile(eager.loss_fn, dynamic=False)
         return eager, parts
     return select_step(eager, parts, cfg, family, device, 1, emit or (lambda e: None)), parts
 
