@@ -38,7 +38,7 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
 
 
 def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None, flat: bool = True) -> tuple[Any, Any]:
-    """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile) -> (runner, StepParts).
+    """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile | compile-net) -> (runner, StepParts).
 
     compile is an experiment for the benchmark, not a training option: the eager step with its forward (network
     under autocast) and its loss wrapped in torch.compile (default mode, static shapes); the optimizer and the EMA
@@ -118,7 +118,7 @@ def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
-        return show_help("bench step", KEYS, {"modes": "comma list of eager, graph, full, compile (default: eager, graph, full; compile = eager under torch.compile)", "steps": "timed steps (>= 24)",
+        return show_help("bench step", KEYS, {"modes": "comma list of eager, graph, full, compile, compile-net (default: eager, graph, full; compile*: the eager step under torch.compile, an experiment)", "steps": "timed steps (>= 24)",
                                                "warmup": "untimed steps first (default 16)", "kernels": "count kernels per step and phase (default true)", "json": "print JSON"})
     kw = parse_kv(argv, KEYS, extra)
     modes = [m.strip() for m in kw.pop("modes", "eager,graph,full").split(",")]
