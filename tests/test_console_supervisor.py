@@ -49,7 +49,10 @@ def _ready(run_dir):
     assert _wait_for(lambda: any(line.startswith("ready") for line in log.read_text().splitlines()[1:])), log.read_text()
 
 
-IGNORE = "import signal, sys, time\n{ignores}print('ready', flush=True)\ntime.sleep(60)\n"
+# the stand-ins take Ctrl-C as `libreyolo train` does (cli/train.py restores it even when this test session was
+# started in the background, where SIGINT arrives ignored)
+DEFAULT_INT = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+IGNORE = DEFAULT_INT + "import signal, sys, time\n{ignores}print('ready', flush=True)\ntime.sleep(60)\n"
 
 
 def test_launch_detaches_records_identity_and_logs(tmp_path, spawned):
@@ -98,8 +101,8 @@ def test_stop_climbs_the_ladder_and_reports_the_step_that_ended_it(tmp_path, spa
 
 
 def test_stop_signals_the_whole_group_and_not_a_dead_run(tmp_path, spawned):
-    code = ("import subprocess, sys, time\n"
-            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    code = (DEFAULT_INT + "import subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(60)'])\n"
             "print('ready', c.pid, flush=True)\ntime.sleep(60)\n")
     rec = launch(tmp_path, _py(code))
     spawned.append(rec.pgid)

@@ -129,6 +129,29 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
     assert load_checkpoint(last)["epoch"] == 6
 
 
+def test_sigint_stops_a_run_started_with_sigint_ignored(tiny_data, tmp_path):
+    """A background job of a non-interactive shell starts with SIGINT ignored; `kill -INT` (and the console's Stop,
+    which sends SIGINT first) must still save last.pt and end the run `interrupted`."""
+    cmd = [sys.executable, "-m", "libreyolo.cli.main", "train", f"data={tiny_data}", "epochs=50", "imgsz=64", "batch=4",
+           "workers=0", "device=cpu", f"project={tmp_path}", "log_interval=0.05", "val=false"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    events = tmp_path / "exp" / "events.jsonl"
+    try:
+        deadline = time.time() + 120
+        while not (events.exists() and any(e["type"] == "step" for e in read_events(events))):
+            assert time.time() < deadline and p.poll() is None, "the run never reached its first step"
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-3000:]
+    assert [e["status"] for e in read_events(events) if e["type"] == "run_end"] == ["interrupted"]
+    assert load_checkpoint(tmp_path / "exp" / "weights" / "last.pt")["epoch"] < 50
+
+
 def test_loader_workers_are_gone_when_train_returns(tiny_data, tmp_path):
     """Persistent workers left to interpreter exit cost 5 s each there (torch's atexit join timeout)."""
     import psutil

@@ -21,6 +21,9 @@ def run(argv: list[str]) -> int:
     from libreyolo import LibreYOLO
 
     signal.signal(signal.SIGTERM, _terminate)
+    # a job started in the background by a non-interactive shell inherits SIGINT ignored: restore Ctrl-C, so
+    # `kill -INT` and the console's Stop always take the save-and-exit path
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     model = LibreYOLO(kwargs.get("model", "LibreYOLO9t"), pretrained=kwargs.pop("pretrained", True))
     model.train(**kwargs)
     return 0
