@@ -51,3 +51,19 @@ def test_cpu_meter_is_exact_at_every_poll_and_reset_starts_over():
     m.add(torch.full((3,), 10.0))
     m.request()
     assert m.poll() == [10.0, 10.0, 10.0]
+
+
+def test_steady_step_time_leaves_out_the_slow_first_step(monkeypatch):
+    from libreyolo.engine import meters
+
+    now = [100.0]
+    monkeypatch.setattr(meters.time, "perf_counter", lambda: now[0])
+    thr = meters.Throughput()
+    now[0] += 30.0  # the first step: loader start, cuDNN autotuning, graph capture
+    thr.add(8, 0.0)
+    assert thr.steady_step_ms == thr.step_ms == 30_000  # one step: nothing better to go on
+    for _ in range(4):
+        now[0] += 0.02
+        thr.add(8, 0.0)
+    assert abs(thr.steady_step_ms - 20.0) < 1e-6  # what the remaining steps will cost: the ETA's rate
+    assert abs(thr.step_ms - 1000 * 30.08 / 5) < 1e-6  # the epoch mean still counts everything

@@ -79,11 +79,14 @@ class Throughput:
         self.images = 0
         self.data_s = 0.0
         self.steps = 0
+        self.t1 = self.t0  # when the first step ended
 
     def add(self, images: int, data_s: float) -> None:
         self.images += images
         self.data_s += data_s
         self.steps += 1
+        if self.steps == 1:
+            self.t1 = time.perf_counter()
 
     @property
     def elapsed(self) -> float:
@@ -100,3 +103,11 @@ class Throughput:
     @property
     def step_ms(self) -> float:
         return 1000 * self.elapsed / max(self.steps, 1)
+
+    @property
+    def steady_step_ms(self) -> float:
+        """Per-step time after the epoch's first step (which also pays for loader start, cuDNN autotuning and graph
+        capture): what the remaining steps will cost, for the ETA."""
+        if self.steps < 2:
+            return self.step_ms
+        return 1000 * max(time.perf_counter() - self.t1, 1e-9) / (self.steps - 1)

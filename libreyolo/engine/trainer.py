@@ -163,7 +163,7 @@ class Trainer:
         losses = dict(zip(("box", "cls", "dfl"), s.meter.poll()))
         done = (epoch - s.start_epoch) * nb + (i - start)
         total = (self.cfg.epochs - s.start_epoch) * nb - start
-        eta = thr.step_ms / 1000 * (total - done)
+        eta = thr.steady_step_ms / 1000 * (total - done)
         mem = torch.cuda.memory_reserved(s.device) / 1e9 if s.device.type == "cuda" else 0.0
         self.emit(ev.Step(epoch=epoch, step=i, steps=nb, losses=losses, lr=s.optimizer.param_groups[1]["lr"],
                           img_s=thr.img_s * s.world_size, data_frac=thr.data_frac, step_ms=thr.step_ms, gpu_mem_gb=mem, eta_s=eta))
