@@ -69,8 +69,10 @@ def test_window_discards_warmup_measures_two_halves_then_hands_back(profiled):
     assert spy.profiler_on == [False] * 5 + [True] * 4 + [False] * 7  # torch.profiler runs in the first half only
     assert trainer.phases is NO_PHASES and trainer.after_step is spy
     assert not torch._C._autograd._profiler_enabled()
-    w = load_profile(run)["window"]
+    p = load_profile(run)
+    w = p["window"]
     assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (5, 4, 3, 12)
+    assert p["headline"]["steps_to_verdict_end"] == 9  # the verdict's half ended at step 9 of the run
     # step 8 ended epoch 2: its segment closed before the epoch's end work, the next one opened at step 9
     assert w["segments"] == 2 and w["traced_steps"] == 4
     ends = [e for e in read_events(run / "events.jsonl") if e["type"] == "run_end"]

@@ -107,3 +107,15 @@ def test_why_carries_the_evidence():
     assert "38.0 cudaMalloc/cudaFree calls per step" in v.why and "unreliable" in v.why and "batch=8" in v.levers[0]
     v = decide(headline(data_frac=0.62, data_ms=62.0), META)
     assert "62%" in v.why and "62.0 of 100.0 ms" in v.why and "workers=8" in v.levers[0]
+
+
+def test_a_window_inside_the_loaders_prefetch_queue_is_flagged():
+    # 15 workers x 2 batches = 30 batches can be ready before the first measured step
+    meta = {**META, "workers": 15}
+    v = decide(headline(utilization=0.91, steps_to_verdict_end=15), meta)
+    assert v.name == COMPUTE and "Data wait may be understated" in v.why and "profile_warmup=30" in v.why
+    v = decide(headline(utilization=0.4, steps_to_verdict_end=15), meta)
+    assert v.name == HOST and "up to 30 batches ready (15 workers x 2)" in v.why
+    # a window that ends after the queue had to drain, or in-process loading: no caveat
+    assert "understated" not in decide(headline(utilization=0.91, steps_to_verdict_end=31), meta).why
+    assert "understated" not in decide(headline(utilization=0.91, steps_to_verdict_end=5), {**META, "workers": 0}).why

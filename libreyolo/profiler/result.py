@@ -63,6 +63,7 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
         "alloc_calls_per_step": max(a["malloc_per_step"] + a["free_per_step"], mem["stat_alloc_per_step"]),
         "alloc_retries": mem["alloc_retries"], "peak_allocated_mb": mem["peak_allocated_mb"], "peak_reserved_mb": mem["peak_reserved_mb"],
         "total_mb": mem["total_mb"], "vram_frac": mem["vram_frac"], "synced_step_ms": fig["synced_step_ms"],
+        "steps_to_verdict_end": w.warmup_steps + steps,  # steps trained from attach to the end of the unsynchronised half
     }
     verdict = decide(headline, meta)
     synced = fig["synced_ms"]

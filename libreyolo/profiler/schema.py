@@ -24,7 +24,7 @@ _WINDOW = {k: INT for k in ("requested_warmup", "requested_steps", "accumulate",
 _HEADLINE = {"step_ms": NUM, "data_ms": NUM, "data_frac": NUM, "img_s": NUM, "utilization": OPT_NUM, "gpu_busy_ms_per_step": NUM,
              "kernels_per_step": NUM, "mean_kernel_us": NUM, "tensor_core_frac": NUM, "malloc_per_step": NUM, "free_per_step": NUM,
              "alloc_calls_per_step": NUM, "alloc_retries": INT, "peak_allocated_mb": OPT_NUM, "peak_reserved_mb": OPT_NUM,
-             "total_mb": OPT_NUM, "vram_frac": OPT_NUM, "synced_step_ms": NUM}
+             "total_mb": OPT_NUM, "vram_frac": OPT_NUM, "synced_step_ms": NUM, "steps_to_verdict_end": INT}
 _VERDICT = {"name": STR, "why": STR, "levers": [STR], "try": (dict, None), "evidence": dict}
 _PHASE = {"name": STR, "host_ms": NUM, "gpu_ms": NUM, "synced_ms": NUM, "share": NUM}
 _KERNEL = {"name": STR, "category": STR, "phase": STR, "ms_per_step": NUM, "pct_gpu": NUM, "count_per_step": NUM, "mean_us": NUM, "tensor_core": BOOL}

@@ -40,6 +40,20 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _prefetch_caveat(h: dict[str, Any], meta: dict[str, Any]) -> str:
+    """A loader slower than the step can still show no data wait while the window is served from batches its
+    workers queued before it (during cuDNN autotuning and graph capture, say): say so when that is possible."""
+    from libreyolo.data.loader import prefetch_factor
+
+    workers, seen = int(meta["workers"]), h.get("steps_to_verdict_end")
+    queued = workers * (prefetch_factor(workers) or 0)
+    if not queued or seen is None or seen > queued:
+        return ""
+    return (f" Data wait may be understated: the loader holds up to {queued} batches ready ({workers} workers x "
+            f"{prefetch_factor(workers)}) and this window ended {seen} steps into the run, so batches prepared before it may have "
+            f"served it; profile_warmup={queued} measures after that queue has had to drain.")
+
+
 def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
     """h: headline figures (step_ms, data_ms, data_frac, utilization, kernels_per_step, mean_kernel_us,
     alloc_calls_per_step, alloc_retries, vram_frac, ...); meta: the run's settings."""
@@ -98,7 +112,8 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         levers = ([] if bf16 else ["amp=true amp_dtype=bfloat16: tensor-core math, no loss scaler"]) + \
             ["or accept it: the GPU is the bottleneck, which is where it should be", "channels_last=true"]
         tc = f"; {_pct(h.get('tensor_core_frac', 0.0))} of kernel time on tensor cores"
-        return Verdict(COMPUTE, f"the GPU ran kernels {_pct(util)} of the step (threshold {_pct(UTILIZATION)}): {kernels}{tc}.",
+        return Verdict(COMPUTE, f"the GPU ran kernels {_pct(util)} of the step (threshold {_pct(UTILIZATION)}): {kernels}{tc}."
+                       + _prefetch_caveat(h, meta),
                        levers, None if bf16 else {"amp": True, "amp_dtype": "bfloat16"}, evidence)
 
     graph_on = str(meta.get("cuda_graph", "false")).lower() not in ("false", "0", "")
@@ -107,5 +122,6 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         levers.insert(0, "cuda_graph=true: one graph replay per step instead of launching every kernel")
     return Verdict(HOST,
                    f"the GPU ran kernels only {_pct(util)} of the step (threshold {_pct(UTILIZATION)}) and the loader is not the cause "
-                   f"(data wait {_pct(h['data_frac'])}): {kernels}; the host cannot launch work fast enough to keep the GPU fed.",
+                   f"(data wait {_pct(h['data_frac'])}): {kernels}; the host cannot launch work fast enough to keep the GPU fed."
+                   + _prefetch_caveat(h, meta),
                    levers, {"cuda_graph": True} if not graph_on else {"batch": 2 * batch}, evidence)
