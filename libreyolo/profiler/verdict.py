@@ -46,11 +46,12 @@ def _prefetch_caveat(h: dict[str, Any], meta: dict[str, Any]) -> str:
     from libreyolo.data.loader import prefetch_factor
 
     workers, seen = int(meta["workers"]), h.get("steps_to_verdict_end")
-    queued = workers * (prefetch_factor(workers) or 0)
+    per_worker = prefetch_factor(workers) or 0
+    queued = workers * per_worker
     if not queued or seen is None or seen > queued:
         return ""
     return (f" Data wait may be understated: the loader holds up to {queued} batches ready ({workers} workers x "
-            f"{prefetch_factor(workers)}) and this window ended {seen} steps into the run, so batches prepared before it may have "
+            f"{per_worker}) and this window ended {seen} steps into the run, so batches prepared before it may have "
             f"served it; profile_warmup={queued} measures after that queue has had to drain.")
 
 
