@@ -86,7 +86,7 @@ class RunState:
             # a resumed process replays from its checkpoint: drop the points it will redraw
             self.losses = [p for p in self.losses if p[0] < x]
         self._seen += 1
-        if self._seen % self._thin == 0:
+        if self._seen % self._thin == 0 and lo:  # no losses yet this epoch: nothing to plot
             self.losses.append((x, lo.get("box", 0.0), lo.get("cls", 0.0), lo.get("dfl", 0.0)))
         if len(self.losses) > MAX_POINTS:
             self.losses = self.losses[::2]

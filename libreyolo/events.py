@@ -71,7 +71,8 @@ class EpochStart(Event):
 
 @dataclass
 class Step(Event):
-    """Emitted every log_interval seconds, not every step; losses are means since the epoch started."""
+    """Emitted every log_interval seconds, not every step; losses are means since the epoch started, read
+    back from the GPU without waiting: empty ({}) until the epoch's first read-back has landed."""
 
     type: ClassVar[str] = "step"
     epoch: int

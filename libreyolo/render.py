@@ -66,8 +66,9 @@ class RichRenderer:
         self._progress.start()
 
     def _on_step(self, e: ev.Step) -> None:
-        l = e.losses
-        stats = f"box {l.get('box', 0):.3f} cls {l.get('cls', 0):.3f} dfl {l.get('dfl', 0):.3f} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else "")
+        l = e.losses  # empty until the epoch's first asynchronous read-back has landed
+        losses = " ".join(f"{k} {l[k]:.3f}" if k in l else f"{k} -" for k in ("box", "cls", "dfl"))
+        stats = f"{losses} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else "")
         if self.plain:
             now = time.time()
             if now - self._last_plain >= self.plain_every_s or e.step == e.steps:

@@ -1,8 +1,6 @@
 """The loss meter behind the progress line and `step` events: its asynchronous read-back must move on
 even when the GPU never idles (a GPU-bound cuda_graph=full run), without waiting for it."""
 
-import math
-
 import torch
 
 from libreyolo.engine.meters import LossMeter
@@ -33,12 +31,26 @@ def test_poll_follows_the_losses_when_every_fresh_copy_is_still_in_flight():
     m.add(torch.tensor([1.0, 2.0, 3.0]))
     m.add(torch.tensor([3.0, 4.0, 5.0]))
     m.request()
-    assert all(math.isnan(v) for v in m.poll())  # the first copy has not landed: nothing to show yet, no wait
+    assert m.poll() == []  # the first copy has not landed: nothing to show yet, no wait
     m.add(torch.tensor([5.0, 6.0, 7.0]))
     m.request()  # harvests the landed copy (mean of 2 steps), starts the next
     assert m.poll() == [2.0, 3.0, 4.0]
     m.request()
     assert m.poll() == [3.0, 4.0, 5.0]  # mean of all 3 steps: the display moves on every log interval
+
+
+def test_a_new_epoch_shows_no_losses_until_its_own_copy_lands():
+    m = BusyMeter()
+    m.add(torch.tensor([1.0, 1.0, 1.0]))
+    m.request()
+    m.request()
+    assert m.poll() == [1.0, 1.0, 1.0]
+    m.reset()  # next epoch
+    m.add(torch.tensor([9.0, 9.0, 9.0]))
+    m.request()
+    assert m.poll() == []  # not the previous epoch's means under the new epoch's step number
+    m.request()
+    assert m.poll() == [9.0, 9.0, 9.0]
 
 
 def test_cpu_meter_is_exact_at_every_poll_and_reset_starts_over():
@@ -67,3 +79,20 @@ def test_steady_step_time_leaves_out_the_slow_first_step(monkeypatch):
         thr.add(8, 0.0)
     assert abs(thr.steady_step_ms - 20.0) < 1e-6  # what the remaining steps will cost: the ETA's rate
     assert abs(thr.step_ms - 1000 * 30.08 / 5) < 1e-6  # the epoch mean still counts everything
+
+
+def test_progress_line_shows_dashes_not_stale_or_zero_losses_before_the_first_read_back():
+    import io
+
+    from rich.console import Console
+
+    from libreyolo import events as ev
+    from libreyolo.render import RichRenderer
+
+    out = io.StringIO()
+    r = RichRenderer(plain=True, console=Console(file=out, width=200), plain_every_s=0)
+    r(ev.EpochStart(epoch=0, epochs=1, steps=2, mosaic=False))
+    for step, losses in ((1, {}), (2, {"box": 0.5, "cls": 1.25, "dfl": 2.0})):
+        r(ev.Step(epoch=0, step=step, steps=2, losses=losses, lr=0.01, img_s=10.0, data_frac=0.0, step_ms=1.0, gpu_mem_gb=0.0, eta_s=0.0))
+    lines = [ln for ln in out.getvalue().splitlines() if "img/s" in ln]
+    assert "box - cls - dfl -" in lines[0] and "box 0.500 cls 1.250 dfl 2.000" in lines[1]

@@ -8,7 +8,8 @@ import torch
 
 
 class LossMeter:
-    """Running sum of the loss terms on the device; `poll()` returns the mean from the last completed copy.
+    """Running sum of the loss terms on the device; `poll()` returns the mean from the last completed copy
+    (an empty list until the first copy of the epoch has landed).
 
     On CUDA the copy to the host is asynchronous: `request()` first harvests the copy that has landed, then
     starts the next, so `poll()` is at most one log interval behind even when the GPU is always busy (a
@@ -22,13 +23,14 @@ class LossMeter:
         self._host = torch.zeros(n, pin_memory=self.asynchronous)
         self._event: torch.cuda.Event | None = None
         self._count_at_copy = 0
-        self.mean = [float("nan")] * n
+        self.mean: list[float] = []
 
     def reset(self) -> None:
         self.sum.zero_()
         self.count = 0
         self._event = None
         self._count_at_copy = 0
+        self.mean = []  # nothing of this epoch has landed yet: report no losses rather than the last epoch's
 
     def add(self, items: torch.Tensor) -> None:
         self.sum += items
