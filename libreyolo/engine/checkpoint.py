@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import pickle
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -31,6 +33,45 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def snapshot(obj: Any) -> Any:
+    """A copy of a checkpoint record that training can no longer change: every tensor copied to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+class CheckpointWriter:
+    """Writes checkpoints on one background thread, in the order they were asked for, so that the training
+    loop does not wait for serialisation and fsync (about 0.6 s for last.pt + best.pt per epoch on the
+    H200 machine's disk). Records must be snapshots. `drain()` runs in the training thread: it reports the
+    writes that finished and raises a write's error there, so a full disk still stops the run."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
+        self._pending: list[tuple[Future, Callable[[Path], None]]] = []
+
+    def submit(self, record: dict[str, Any], path: Path, on_done: Callable[[Path], None]) -> None:
+        self._pending.append((self._pool.submit(save_atomic, record, path), on_done))
+
+    def drain(self, wait: bool = False) -> None:
+        if wait:
+            wait_all([f for f, _ in self._pending])
+        finished = [p for p in self._pending if p[0].done()]
+        self._pending = [p for p in self._pending if not p[0].done()]
+        for future, on_done in finished:
+            on_done(future.result())
+
+    def close(self) -> None:
+        try:
+            self.drain(wait=True)
+        finally:
+            self._pool.shutdown(wait=True)
 
 
 def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str = "weights") -> None:

@@ -1,0 +1,79 @@
+"""Checkpoints are written on a background thread: what lands is what training had when it asked, events
+come once the file is in place, and a failed write still fails the run."""
+
+import threading
+
+import pytest
+import torch
+
+from libreyolo.engine import checkpoint
+from libreyolo.engine.checkpoint import CheckpointWriter, snapshot
+
+
+def test_a_snapshot_written_later_holds_the_values_at_save_time(tmp_path, monkeypatch):
+    gate = threading.Event()
+    real_save = checkpoint.save_atomic
+
+    def slow_save(obj, path):
+        gate.wait(10)  # the disk is slow: training goes on meanwhile
+        return real_save(obj, path)
+
+    monkeypatch.setattr(checkpoint, "save_atomic", slow_save)
+    w = torch.ones(4)
+    state = {"opt": {"exp_avg": torch.zeros(4)}, "steps": [torch.tensor(1)]}
+    done = []
+    writer = CheckpointWriter()
+    writer.submit(snapshot({"w": w, "state": state}), tmp_path / "last.pt", done.append)
+    w.add_(5)  # the optimizer steps in place before the write happens
+    state["opt"]["exp_avg"].add_(1)
+    writer.drain()
+    assert done == []  # not written yet: no event claims it is
+    gate.set()
+    writer.close()
+    assert done == [tmp_path / "last.pt"]
+    got = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert got["w"].tolist() == [1.0] * 4 and got["state"]["opt"]["exp_avg"].tolist() == [0.0] * 4
+    assert isinstance(got["state"]["steps"], list) and got["state"]["steps"][0].item() == 1
+
+
+def test_writes_land_in_order_and_an_error_surfaces_in_the_training_thread(tmp_path, monkeypatch):
+    order = []
+    real_save = checkpoint.save_atomic
+
+    def recording_save(obj, path):
+        if obj.get("fail"):
+            raise OSError(28, "No space left on device")
+        order.append(obj["n"])
+        return real_save(obj, path)
+
+    monkeypatch.setattr(checkpoint, "save_atomic", recording_save)
+    writer = CheckpointWriter()
+    for n in range(5):
+        writer.submit({"n": n}, tmp_path / "last.pt", lambda p: None)
+    writer.drain(wait=True)
+    assert order == [0, 1, 2, 3, 4] and torch.load(tmp_path / "last.pt", weights_only=True)["n"] == 4
+    writer.submit({"fail": True}, tmp_path / "last.pt", lambda p: None)
+    with pytest.raises(OSError, match="No space left"):
+        writer.close()
+
+
+def test_a_run_whose_checkpoint_cannot_be_written_fails_with_that_error(tiny_data, tmp_path, monkeypatch):
+    from libreyolo import LibreYOLO
+    from libreyolo.events import read_events
+
+    from conftest import FAST
+
+    real_save = checkpoint.save_atomic
+
+    def full_disk_for_best(obj, path):
+        if path.name == "best.pt":
+            raise OSError(28, f"No space left on device: {path}")
+        return real_save(obj, path)
+
+    monkeypatch.setattr(checkpoint, "save_atomic", full_disk_for_best)
+    with pytest.raises(OSError, match="best.pt"):
+        LibreYOLO("LibreYOLO9t").train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 1})
+    events = list(read_events(tmp_path / "exp" / "events.jsonl"))
+    assert events[-1]["type"] == "run_end" and events[-1]["status"] == "failed"
+    assert any(e["type"] == "error" and "No space left" in e["message"] for e in events)
+    assert (tmp_path / "exp" / "weights" / "last.pt").is_file()  # the writes before the failure landed
