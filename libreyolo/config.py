@@ -174,6 +174,7 @@ class TrainConfig:
     pretrained: bool = opt(True, _bool, "load weights when model names a .pt file; false builds the network untrained", "run")
     seed: int = opt(0, _int, "random seed for weights, sampling and augmentation", "run")
     deterministic: bool = opt(False, _bool, "use deterministic algorithms (slower on GPU)", "run")
+    cudnn_benchmark: bool | str = opt("auto", _bool_or("auto"), "let cuDNN time its algorithms for every new input shape: faster convolutions after seconds of timing at the start; auto: only for runs of 5,000+ steps (off when deterministic)", "run")
     patience: int = opt(100, _nonneg(_int), "stop after this many epochs without a better fitness (0: never)", "run")
     val: bool = opt(True, _bool, "validate after every epoch", "run")
     save_period: int = opt(-1, _int, "also save weights/epochN.pt every N epochs (-1: never)", "run")

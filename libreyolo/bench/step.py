@@ -19,7 +19,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.errors import ConfigError
 
 MODES = {"eager": False, "graph": True, "full": "full", "compile": False, "compile-net": False}  # torch.compile experiments (bench only)
-KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer"}
+KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer", "cudnn_benchmark"}
 
 
 def _flag(v: str) -> bool:
@@ -135,7 +135,7 @@ def run(argv: list[str]) -> int:
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = cfg.cudnn_benchmark is not False  # auto: a step as in a long run
     data, nc = _batch_on_device(cfg, cfg.batch, device)
     results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
     base = next((r["median_ms"] for r in results if r["mode"] == "eager"), None)
@@ -143,7 +143,7 @@ def run(argv: list[str]) -> int:
         r["speedup_vs_eager"] = base / r["median_ms"] if base else None
     meta = {"model": cfg.model, "batch": cfg.batch, "imgsz": cfg.imgsz, "amp": cfg.amp, "amp_dtype": cfg.amp_dtype, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "targets_capacity": int(data["targets"].shape[1]), "date": time.strftime("%Y-%m-%d")}
+            "targets_capacity": int(data["targets"].shape[1]), "cudnn_benchmark": cfg.cudnn_benchmark is not False, "date": time.strftime("%Y-%m-%d")}
     if as_json:
         print(json.dumps({"meta": meta, "results": results}))
         return 0

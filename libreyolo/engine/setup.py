@@ -29,7 +29,7 @@ from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.graphs import select_step
 from libreyolo.engine.meters import LossMeter
 from libreyolo.engine.rundir import increment_run_dir, write_args
-from libreyolo.engine.state import seed_everything
+from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
 from libreyolo.errors import CheckpointError, ConfigError, DataError
 from libreyolo.render import RichRenderer
 
@@ -178,7 +178,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         for k, v in data.suggested.items():
             if k not in trainer.user_keys:
                 setattr(cfg, k, TrainConfig.parse_value(k, v))
-    seed_everything(cfg.seed, cfg.deterministic)
+    seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing stays off for the autobatch probe; set below
 
     model = trainer.model
     net = model.prepare_for_training(data.names, fresh=ckpt is None)
@@ -200,6 +200,7 @@ def build_setup(trainer: Any) -> TrainSetup:
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size)
     vl = val_loader(val_ds, min(batch_per_rank * 2, 64), min(workers, 4), pin)
     nb = tl.batch_sampler.batches_per_epoch()
+    torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 
     ddp = dist.world_size > 1  # DDP hooks the registered parameters' gradients: no flat parameter storage then
     parts = build_step_parts(family, net, cfg, device, batch, len(train_ds), reduce_normalizer=dist.normalizer_reducer(), flat=not ddp)

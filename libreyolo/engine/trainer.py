@@ -14,7 +14,7 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
-from libreyolo.engine.checkpoint import load_weights, save_atomic
+from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
 from libreyolo.engine.meters import LossMeter, Throughput
 from libreyolo.engine.rundir import append_results
 from libreyolo.engine.setup import TrainSetup, build_setup
@@ -37,6 +37,7 @@ class Trainer:
         self.after_step: Any = None  # optional callable(trainer) after every step (the profiler's window)
         self.stop_requested: str | None = None  # a run status: the loop ends after the current step
         self._held: list[ev.Event] | None = []
+        self.writer = CheckpointWriter()  # closed when train() ends: one Trainer trains once
 
     # --- events -------------------------------------------------------------------------------------
     def emit(self, event: ev.Event) -> None:
@@ -71,16 +72,19 @@ class Trainer:
                 from libreyolo.profiler import attach  # imported only when asked: profile=false costs nothing
 
                 attach(self)
-            status = self._epochs()
+            ended = self._epochs()
+            self.writer.drain(wait=True)  # a failed write fails the run
             s.dist.finish()  # DDP: no rank leaves before rank 0 has written its checkpoints
+            status = ended
         except KeyboardInterrupt:
             status = "interrupted"
-            self.save("last", kind="interrupt")
+            self.save("last", kind="interrupt", wait=True)
             raise
         except BaseException as e:
             self.emit(ev.ErrorEvent(f"{type(e).__name__}: {e}", traceback.format_exc()))
             raise
         finally:
+            self._close_writer()
             self.emit(ev.RunEnd(status=status, epochs_done=self.epochs_done, best_fitness=self.best_fitness,
                                 best=str(s.best_path) if s.best_path.exists() else None,
                                 last=str(s.last_path) if s.last_path.exists() else None,
@@ -91,12 +95,14 @@ class Trainer:
     def _epochs(self) -> str:
         s, cfg = self.s, self.cfg
         patience_left = cfg.patience or math.inf
+        opened = None
         for epoch in range(s.start_epoch, cfg.epochs):
             self.epoch = epoch
             start = s.start_step if epoch == s.start_epoch else 0
-            self._train_epoch(epoch, start)
+            self._train_epoch(epoch, opened or self._open_epoch(epoch, start))
             if self.stop_requested:
                 return self.stop_requested
+            opened = self._prefetch(epoch + 1)
             metrics = self._end_epoch(epoch)
             self.epochs_done = epoch + 1
             if metrics.get("improved"):
@@ -108,12 +114,32 @@ class Trainer:
                 return "early_stop"
         return "finished"
 
-    def _train_epoch(self, epoch: int, start: int) -> None:
+    def _mosaic(self, epoch: int) -> bool:
+        return self.cfg.mosaic > 0 and epoch < self.cfg.epochs - self.cfg.no_aug_epochs
+
+    def _mosaic_closes(self, epoch: int) -> bool:
+        return epoch == self.cfg.epochs - self.cfg.no_aug_epochs and "on_mosaic_close" in self.s.family.hooks
+
+    def _open_epoch(self, epoch: int, start: int) -> tuple[int, Any]:
+        """Point the sampler at the epoch and start its iterator: persistent workers begin decoding at once."""
+        if self._mosaic_closes(epoch):
+            self.s.family.hooks["on_mosaic_close"](self)
+        self.s.sampler.set_epoch(epoch, self._mosaic(epoch), start)
+        return start, iter(self.s.train_loader)
+
+    def _prefetch(self, epoch: int) -> tuple[int, Any] | None:
+        """Open the next epoch before validating this one, so the train workers fill their queues while the
+        GPU validates instead of the next epoch starting on an empty queue. Batches depend only on (seed,
+        epoch, index), never on when they are made; a persistent iterator draws no random numbers when
+        reopened. Not when there is no next epoch, no worker, or a family hook is due to change the data."""
+        if epoch >= self.cfg.epochs or self.s.train_loader.num_workers == 0 or self._mosaic_closes(epoch):
+            return None
+        return self._open_epoch(epoch, 0)
+
+    def _train_epoch(self, epoch: int, opened: tuple[int, Any]) -> None:
         s, cfg = self.s, self.cfg
-        mosaic = cfg.mosaic > 0 and epoch < cfg.epochs - cfg.no_aug_epochs
-        if not mosaic and epoch == cfg.epochs - cfg.no_aug_epochs and "on_mosaic_close" in s.family.hooks:
-            s.family.hooks["on_mosaic_close"](self)
-        s.sampler.set_epoch(epoch, mosaic, start)
+        start, it = opened
+        mosaic = self._mosaic(epoch)
         nb = s.sampler.batches_per_epoch()
         self.emit(ev.EpochStart(epoch=epoch, epochs=cfg.epochs, steps=nb, mosaic=mosaic))
         s.train_net.train()
@@ -121,7 +147,6 @@ class Trainer:
         self._epoch_t0 = time.time()
         thr = Throughput()
         last_event = last_beat = time.perf_counter()
-        it = iter(s.train_loader)
         i = start
         self.step_in_epoch = start
         while True:
@@ -159,6 +184,7 @@ class Trainer:
 
     def _step_event(self, epoch: int, i: int, nb: int, start: int, thr: Throughput) -> None:
         s = self.s
+        self.writer.drain()  # checkpoint events of the writes that landed meanwhile
         s.meter.request()
         losses = dict(zip(("box", "cls", "dfl"), s.meter.poll()))
         done = (epoch - s.start_epoch) * nb + (i - start)
@@ -222,8 +248,9 @@ class Trainer:
         return {**metrics, "improved": improved}
 
     # --- checkpoints --------------------------------------------------------------------------------
-    def save(self, which: str, kind: str | None = None, path: Path | None = None) -> Path:
-        """which: last (full train state) | best | period (weights only). Written atomically."""
+    def save(self, which: str, kind: str | None = None, path: Path | None = None, wait: bool = False) -> Path:
+        """which: last (full train state) | best | period (weights only). Snapshotted here, written atomically
+        by the background writer; its `checkpoint` event comes once the file is in place."""
         s = self.s
         if not s.is_main:
             return s.last_path
@@ -232,8 +259,8 @@ class Trainer:
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
         record.update(epoch=self.epoch, step=self.step_in_epoch, best_fitness=self.best_fitness, metrics=self.best_metrics)
         if which == "last":
-            record["train"] = {
-                "net": {k: v.detach().cpu().clone() for k, v in s.train_net.state_dict().items()},
+            record["train"] = snapshot({
+                "net": s.train_net.state_dict(),
                 "optimizer": s.optimizer.state_dict(),
                 "optimizer_name": s.optimizer_name,
                 "scaler": s.scaler.state_dict(),
@@ -241,11 +268,19 @@ class Trainer:
                 "rng": rng_state(),
                 "run_dir": str(s.run_dir),
                 "bad_files": sorted(self.bad_files),
-            }
+            })
         path = path or (s.last_path if which == "last" else s.best_path)
-        save_atomic(record, path)
-        self.emit(ev.Checkpoint(path=str(path), kind=kind or which, epoch=self.epoch, step=self.step_in_epoch))
+        epoch, step = self.epoch, self.step_in_epoch
+        self.writer.submit(record, path, lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step)))
+        self.writer.drain(wait=wait)
         return path
+
+    def _close_writer(self) -> None:
+        """Let pending writes land before run_end (a crash keeps the last.pt the loop had asked for)."""
+        try:
+            self.writer.close()
+        except Exception as e:  # the run is already ending with its own error; this one must not hide it
+            self.emit(ev.WarningEvent(f"writing a checkpoint failed: {type(e).__name__}: {e}", code="checkpoint"))
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Put a last.pt's train state back (called by setup once everything is built)."""
