@@ -1,0 +1,52 @@
+"""The COCO accumulator against faster-coco-eval's own documented path (COCO + loadRes of result dicts)."""
+
+import numpy as np
+from faster_coco_eval import COCO, COCOeval_faster
+
+from libreyolo.eval.coco import CocoAccumulator
+
+
+def _reference(names, images, gts, dets):
+    quiet = lambda *a, **k: None  # noqa: E731
+    gt = COCO({"images": images, "annotations": gts, "categories": [{"id": i, "name": n} for i, n in enumerate(names)]}, print_function=quiet)
+    ev = COCOeval_faster(gt, gt.loadRes(dets), "bbox", print_function=quiet)
+    ev.evaluate()
+    ev.accumulate()
+    ev.summarize()
+    return ev.stats[0], ev.stats[1]
+
+
+def test_map_matches_faster_coco_eval_loadres_on_noisy_detections():
+    rng = np.random.default_rng(1)
+    names = ["a", "b", "c"]
+    acc = CocoAccumulator(names)
+    images, gts, dets = [], [], []
+    for i in range(30):
+        n = int(rng.integers(0, 6))  # some images without objects
+        xy = rng.uniform(0, 500, (n, 2))
+        gt = np.column_stack([rng.integers(0, 3, n), xy, xy + rng.uniform(10, 120, (n, 2))])
+        # detections: jittered ground truth (some with the wrong class) plus clutter
+        jit = gt[:, 1:] + rng.normal(0, 6, (n, 4))
+        clutter = np.sort(rng.uniform(0, 600, (int(rng.integers(0, 40)), 4)).reshape(-1, 2, 2), 1).reshape(-1, 4)
+        boxes = np.concatenate([jit, clutter])
+        classes = np.concatenate([np.where(rng.random(n) < 0.85, gt[:, 0], (gt[:, 0] + 1) % 3), rng.integers(0, 3, len(clutter))]).astype(int)
+        scores = np.concatenate([rng.uniform(0.3, 1.0, n), rng.uniform(0.001, 0.6, len(clutter))])
+        acc.add(i, (640, 640), gt, boxes, scores, classes)
+        images.append({"id": i, "height": 640, "width": 640})
+        for c, x1, y1, x2, y2 in gt.tolist():
+            gts.append({"id": len(gts) + 1, "image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0})
+        for (x1, y1, x2, y2), s, c in zip(boxes.tolist(), scores.tolist(), classes.tolist()):
+            dets.append({"image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s})
+    got = acc.evaluate()
+    ref_map, ref_map50 = _reference(names, images, gts, dets)
+    assert 0.2 < got["map50"] < 1.0  # a non-trivial case: partly right, partly wrong
+    assert got["map"] == ref_map and got["map50"] == ref_map50
+    assert 0 < got["precision"] <= 1 and 0 < got["recall"] <= 1
+
+
+def test_nothing_to_evaluate_gives_zeros():
+    acc = CocoAccumulator(["a"])
+    acc.add(0, (64, 64), np.zeros((0, 5)), np.zeros((3, 4)), np.ones(3), np.zeros(3, int))
+    assert acc.evaluate() == {"map50": 0.0, "map": 0.0, "precision": 0.0, "recall": 0.0}
+    acc.add(1, (64, 64), np.array([[0, 1, 1, 20, 20]]), np.zeros((0, 4)), np.zeros(0), np.zeros(0, int))
+    assert acc.evaluate()["map"] == 0.0
