@@ -178,7 +178,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         for k, v in data.suggested.items():
             if k not in trainer.user_keys:
                 setattr(cfg, k, TrainConfig.parse_value(k, v))
-    seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing stays off for the autobatch probe; set below
+    seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below
 
     model = trainer.model
     net = model.prepare_for_training(data.names, fresh=ckpt is None)

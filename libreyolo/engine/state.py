@@ -63,10 +63,12 @@ def cudnn_benchmark_for(setting: bool | str, deterministic: bool, steps: int) ->
     return steps >= CUDNN_BENCHMARK_MIN_STEPS if setting == "auto" else bool(setting)
 
 
-def seed_everything(seed: int, deterministic: bool, cudnn_benchmark: bool = False) -> None:
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seeds every generator; cuDNN's algorithm timing starts off (setup turns it on via cudnn_benchmark_for
+    once the run's length is known)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic
+    torch.backends.cudnn.benchmark = False
