@@ -63,8 +63,10 @@ class CheckpointWriter:
     def drain(self, wait: bool = False) -> None:
         if wait:
             wait_all([f for f, _ in self._pending])
-        finished = [p for p in self._pending if p[0].done()]
-        self._pending = [p for p in self._pending if not p[0].done()]
+        finished, pending = [], []
+        for p in self._pending:  # done() asked once per write: one finishing meanwhile must land in one list
+            (finished if p[0].done() else pending).append(p)
+        self._pending = pending
         for future, on_done in finished:
             on_done(future.result())
 
