@@ -232,7 +232,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         writer = ev.EventWriter(run_dir / "events.jsonl")
         renderer = RichRenderer()
         s.sinks = [writer.write, renderer, *cfg.callbacks]
-        s.closers = [renderer.close, writer.close, dist.close, *cache_closers]
+        s.closers = [renderer.close, writer.close, *s.closers]
     trainer.s = s
     if ckpt is not None:
         trainer.restore(ckpt)
