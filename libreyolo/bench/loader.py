@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from libreyolo.cli.args import parse_kv
+from libreyolo.cli.args import flag, parse_kv
 from libreyolo.errors import ConfigError
 
 USAGE = """usage: libreyolo bench loader data=my.yaml [imgsz=640] [batch=16] [workers=0,1,2,4] [cache=none,disk,ram]
@@ -54,9 +54,6 @@ def _modes(v: str) -> list[str]:
     return out
 
 
-def _bool(v: str) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
-
 
 def default_worker_counts(batch: int) -> list[int]:
     from libreyolo.data.loader import cpu_count, default_workers
@@ -85,7 +82,7 @@ def run(argv: list[str]) -> int:
         print(USAGE)
         return 0
     kw = parse_kv(argv, {"data", "imgsz", "batch", "seed"}, {
-        "workers": _ints, "cache": _modes, "batches": int, "warmup": int, "mosaic": _bool, "json": _bool,
+        "workers": _ints, "cache": _modes, "batches": int, "warmup": int, "mosaic": flag, "json": flag,
     })
     as_json = kw.pop("json", False)
     report = bench(**kw, progress=not as_json)

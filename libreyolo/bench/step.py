@@ -14,16 +14,13 @@ from typing import Any
 
 import torch
 
-from libreyolo.cli.args import parse_kv
+from libreyolo.cli.args import flag, parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import ConfigError
 
 MODES = {"eager": False, "graph": True, "full": "full", "compile": False, "compile-net": False}  # torch.compile experiments (bench only)
 KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer", "cudnn_benchmark"}
 
-
-def _flag(v: str) -> bool:
-    return v.lower() in ("1", "true", "yes", "on")
 
 
 def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -114,7 +111,7 @@ def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc
 
 
 def run(argv: list[str]) -> int:
-    extra = {"modes": str, "steps": int, "warmup": int, "json": _flag, "kernels": _flag}
+    extra = {"modes": str, "steps": int, "warmup": int, "json": flag, "kernels": flag}
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 

@@ -6,8 +6,10 @@ from typing import Any
 
 import yaml
 
-from libreyolo.config import TrainConfig, unknown_key_message
+from libreyolo.config import TrainConfig, _bool, unknown_key_message
 from libreyolo.errors import ConfigError
+
+flag = _bool  # an `extra` parser for command switches (json=true, save=1): TrainConfig's own booleans
 
 
 def parse_kv(argv: list[str], allowed: set[str] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -24,7 +26,10 @@ def parse_kv(argv: list[str], allowed: set[str] | None = None, extra: dict[str, 
         if key not in valid:
             raise ConfigError(unknown_key_message(key, valid))
         if key in extra:
-            out[key] = extra[key](value)
+            try:
+                out[key] = extra[key](value)
+            except ValueError as e:  # bad values of command keys are named like TrainConfig's
+                raise ConfigError(f"{key}={value!r} is not valid: {key} takes {e}") from None
         else:
             out[key] = TrainConfig.parse_value(key, _scalar(value))
     return out

@@ -7,21 +7,18 @@ from pathlib import Path
 
 import cv2
 
-from libreyolo.cli.args import parse_kv
+from libreyolo.cli.args import flag, parse_kv
 from libreyolo.cli.help import show_help
 from libreyolo.engine.rundir import increment_run_dir
 
 KEYS = {"model", "imgsz", "device", "conf", "iou", "max_det", "project", "name"}
 
 
-def _flag(v: str) -> bool:
-    return v.lower() in ("1", "true", "yes", "on")
-
 
 def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         return show_help("predict", KEYS, {"source": "image, folder of images, or a comma-free list", "save": "write annotated images to runs/predict/exp", "json": "print detections as JSON lines"})
-    kw = parse_kv(argv, KEYS, {"source": str, "save": _flag, "json": _flag})
+    kw = parse_kv(argv, KEYS, {"source": str, "save": flag, "json": flag})
     from libreyolo import LibreYOLO
     from libreyolo.errors import ConfigError
 

@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from libreyolo.cli.args import parse_kv
+from libreyolo.cli.args import flag, parse_kv
 from libreyolo.cli.help import show_help
 from libreyolo.eval.run import VAL_KEYS
 
@@ -17,7 +17,7 @@ KEYS = VAL_KEYS | {"model", "data"}
 def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         return show_help("val", KEYS, {"split": "val (default) or test", "json": "print the metrics as JSON"})
-    kw = parse_kv(argv, KEYS, {"split": str, "json": lambda v: v.lower() in ("1", "true", "yes")})
+    kw = parse_kv(argv, KEYS, {"split": str, "json": flag})
     from libreyolo import LibreYOLO
 
     as_json = kw.pop("json", False)
