@@ -161,6 +161,51 @@ def test_capturable_update_matches_torch_optim(name):
         assert float(o2.state[next(net2.parameters())]["step"]) == 6.0
 
 
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_capturable_update_resumed_from_a_checkpoint_continues_the_run(name):
+    """Resume builds the update first and loads the checkpoint afterwards (as setup and Trainer.restore do):
+    the LR the schedule sets must still reach the update, and the AdamW step and EMA counts must continue."""
+    from libreyolo.engine.ema import ModelEMA
+
+    def build(seed_net):
+        net = copy.deepcopy(seed_net)
+        opt = optim.build_optimizer(net, name, 0.01, 0.9, 5e-4, CPU)
+        flat = FlatParams(net, None)
+        ema = ModelEMA(net, 0.9999, 2.0)
+        return net, opt, ema, CapturableUpdate(opt, name, torch.amp.GradScaler("cuda", enabled=False), ema, 1.0, flat, CPU), flat
+
+    def run(upd, opt, flat, steps):
+        for it in steps:
+            for j, g in enumerate(opt.param_groups):  # the schedule moves the LR every step
+                g["lr"] = 0.01 * (j + 1) * (1 + 0.5 * it)
+            torch.manual_seed(100 + it)
+            flat.forward(torch.randn(2, 3, 8, 8)).pow(2).mean().backward()
+            flat.gather_grads()
+            upd.load_hyper()
+            upd.step()
+
+    torch.manual_seed(0)
+    seed_net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 1))
+    net_a, opt_a, ema_a, upd_a, flat_a = build(seed_net)
+    run(upd_a, opt_a, flat_a, range(6))
+
+    net_b, opt_b, ema_b, upd_b, flat_b = build(seed_net)
+    run(upd_b, opt_b, flat_b, range(3))
+    upd_b.sync_to_host()
+    ckpt = copy.deepcopy({"net": net_b.state_dict(), "opt": opt_b.state_dict(), "ema": ema_b.state_dict()})
+    net_c, opt_c, ema_c, upd_c, flat_c = build(seed_net)  # the resumed process
+    net_c.load_state_dict(ckpt["net"])
+    opt_c.load_state_dict(ckpt["opt"])
+    ema_c.load_state_dict(ckpt["ema"])
+    upd_c.reload()
+    flat_c.refresh()
+    run(upd_c, opt_c, flat_c, range(3, 6))
+    for a, c in zip(net_a.parameters(), net_c.parameters()):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+    for a, c in zip(ema_a.ema.parameters(), ema_c.ema.parameters()):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+
+
 def test_flat_params_give_the_same_training_as_plain_parameters():
     """functional_call on stand-ins + flat gradient accumulation == ordinary autograd accumulation."""
     torch.manual_seed(0)

@@ -21,19 +21,15 @@ class CapturableUpdate:
     def __init__(self, optimizer: torch.optim.Optimizer, name: str, scaler: torch.amp.GradScaler, ema: ModelEMA | None,
                  grad_clip: float, flat: FlatParams, device: torch.device):
         self.opt, self.name, self.scaler, self.ema, self.grad_clip, self.flat = optimizer, name, scaler, ema, grad_clip, flat
-        self.groups = [g for g in optimizer.param_groups if g["params"]]
         n = len(self.groups)
         # hyper = [lr_0 .. lr_{n-1}, momentum (SGD) / beta1 (AdamW)], written from pinned memory before a replay
         self.hyper = torch.zeros(n + 1, device=device)
         self.found_inf = torch.zeros(1, device=device)
         self.skipped = torch.zeros((), device=device, dtype=torch.int32)
-        self.ema_updates = torch.full((), float(ema.updates if ema else 0), device=device)
+        self.ema_updates = torch.zeros((), device=device)
+        self.steps = [torch.zeros((), device=device) for _ in range(n)]
         if scaler.is_enabled():
             scaler.scale(torch.zeros((), device=device))  # creates the scale/growth tensors the graph updates
-        self._init_state(device)
-
-    def _init_state(self, device: torch.device) -> None:
-        self.steps = []
         for g in self.groups:
             for p in g["params"]:
                 st = self.opt.state[p]
@@ -42,9 +38,22 @@ class CapturableUpdate:
                 else:
                     st.setdefault("exp_avg", torch.zeros_like(p))
                     st.setdefault("exp_avg_sq", torch.zeros_like(p))
-            first = self.opt.state[g["params"][0]]
-            step = float(first.get("step", torch.zeros(())).item()) if self.name == "AdamW" else 0.0
-            self.steps.append(torch.full((), step, device=device))
+        self.reload()
+
+    @property
+    def groups(self) -> list[dict]:
+        """The optimizer's groups as they are now: a resume's load_state_dict replaces the group dicts, and
+        the schedule writes the LR into the new ones."""
+        return [g for g in self.opt.param_groups if g["params"]]
+
+    def reload(self) -> None:
+        """Take the host-side counters (EMA updates, AdamW step per group) into the device ones: at
+        construction and after a resume has loaded the optimizer and the EMA. In place, as a captured
+        graph holds these tensors."""
+        self.ema_updates.fill_(float(self.ema.updates if self.ema else 0))
+        if self.name == "AdamW":
+            for j, g in enumerate(self.groups):
+                self.steps[j].fill_(float(self.opt.state[g["params"][0]].get("step", torch.zeros(())).item()))
 
     def load_hyper(self) -> None:
         """Copy this step's LR per group and momentum (set by the schedule in param_groups) to the device."""

@@ -115,5 +115,9 @@ class FullGraphStep(GraphRunner):
     def skipped(self, value: torch.Tensor | None) -> None:
         self.update.skipped.zero_()
 
+    def reload(self) -> None:
+        super().reload()
+        self.update.reload()
+
     def sync(self) -> None:
         self.update.sync_to_host()

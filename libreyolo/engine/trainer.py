@@ -286,11 +286,11 @@ class Trainer:
         """Put a last.pt's train state back (called by setup once everything is built)."""
         s, tr = self.s, ckpt["train"]
         load_weights(s.train_net, tr["net"], "last.pt train state")
-        s.step.reload()
         s.optimizer.load_state_dict(tr["optimizer"])
         s.scaler.load_state_dict(tr["scaler"])
         if s.ema is not None and tr["ema"] is not None:
             s.ema.load_state_dict(tr["ema"])
+        s.step.reload()  # after everything it derives from is back
         restore_rng(tr["rng"])
         self.best_fitness, self.best_metrics = ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {})
         self.bad_files = set(tr.get("bad_files", []))
