@@ -63,11 +63,11 @@ def ram_refusal(need: int, folder: Path, available: int | None = None, total: in
 
 
 def disk_refusal(need: int, folder: Path) -> str | None:
-    free = _free_bytes(folder)
-    du = shutil.disk_usage(_existing(folder))
+    root = _existing(folder)
+    du = shutil.disk_usage(root)
     reserve = max(GiB, du.total // 20)
-    if need + reserve > free:
-        return f"it needs {fmt_bytes(need)} more but {_existing(folder)} has {fmt_bytes(free)} free ({fmt_bytes(reserve)} must stay free)"
+    if need + reserve > du.free:
+        return f"it needs {fmt_bytes(need)} more but {root} has {fmt_bytes(du.free)} free ({fmt_bytes(reserve)} must stay free)"
     return None
 
 

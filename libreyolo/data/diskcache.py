@@ -72,10 +72,6 @@ class DiskCache:
             return None
         return img
 
-    @property
-    def nbytes(self) -> int:
-        return sum(os.path.getsize(e) for e in self.entries if os.path.exists(e))
-
     def close(self) -> None:
         """Entries stay on disk for later runs; delete the `*.npy` files to reclaim the space."""
 

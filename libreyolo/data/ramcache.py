@@ -57,10 +57,6 @@ class RamCache:
         self._index: np.ndarray | None = None
         self._finalizer = weakref.finalize(self, _release, path, users, os.getpid())
 
-    @property
-    def nbytes(self) -> int:
-        return self.path.stat().st_size if self.path.exists() else 0
-
     def get(self, i: int) -> np.ndarray | None:
         if self._index is None:
             self._map()

@@ -318,7 +318,6 @@ def _worker(index: int, job: _Job) -> None:
         "RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(job.nprocs), "LOCAL_WORLD_SIZE": str(job.nprocs),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(job.port),
     })
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     parent = os.getppid()
     _signal_policy(index, parent, job.folder)
     if not job.gpus:  # N CPU processes share the cores instead of each starting one thread per core

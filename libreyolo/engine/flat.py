@@ -40,7 +40,7 @@ class FlatParams:
             off += -(-n // ALIGN) * ALIGN
         total = off
         self.n_half = offsets[self.n_half_params] if self.n_half_params < len(sizes) else total
-        self.pads = [offsets[k + 1] - offsets[k] - sizes[k] if k + 1 < len(sizes) else total - offsets[k] - sizes[k] for k in range(len(sizes))]
+        self.pads = [-n % ALIGN for n in sizes]  # each tensor is padded up to the next ALIGN boundary
         dev = self.params[0].device
         self.flat = torch.zeros(total, device=dev, dtype=torch.float32)
         self.flat_grad = torch.zeros_like(self.flat)

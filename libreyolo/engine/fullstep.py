@@ -45,8 +45,7 @@ class FullGraphStep(GraphRunner):
         if targets.shape[1] > self.capacity:
             old, self.capacity = self.capacity, targets.shape[1]
             if self.graphs:
-                self.emit(ev.Graph(action="invalidate", mode=self.mode, reason=f"a batch has more objects per image than the captured capacity {old}: capacity raised to {self.capacity}, recapturing once stable", shape=list(img.shape)))
-                self.graphs.clear()
+                self.invalidate(f"a batch has more objects per image than the captured capacity {old}: capacity raised to {self.capacity}, recapturing once stable", tuple(img.shape))
         return (*img.shape, self.capacity)
 
     def graph_key(self, shape: tuple, boundary: bool) -> tuple:

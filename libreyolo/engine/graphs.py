@@ -127,12 +127,12 @@ class GraphRunner:
         self.graphs.clear()
         self.emit(ev.Graph(action="fallback", mode=self.mode, reason=reason, shape=list(shape[:4]) if shape else None))
 
-    def invalidate(self, reason: str) -> None:
-        """Drop every graph (a family hook calls this when what the network computes changes); shapes are
-        counted again and captured anew once stable."""
+    def invalidate(self, reason: str, shape: tuple | None = None) -> None:
+        """Drop every graph (a family hook calls this when what the network computes changes; the full-step
+        runner when the target capacity grows); shapes are counted again and captured anew once stable."""
         self.graphs.clear()
         self.last_shape, self.repeats = None, 0
-        self.emit(ev.Graph(action="invalidate", mode=self.mode, reason=reason))
+        self.emit(ev.Graph(action="invalidate", mode=self.mode, reason=reason, shape=list(shape) if shape else None))
 
     # passthroughs the trainer uses
     @property

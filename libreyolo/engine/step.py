@@ -57,9 +57,9 @@ class EagerStep:
         self.grads_to_none = True  # graph runners keep .grad buffers alive (their graphs write into them)
         self.skipped: torch.Tensor | None = None  # fp16 steps the scaler skipped (inf/NaN gradients), on device
 
-    def forward(self, img: torch.Tensor, cache: bool = True) -> tuple[torch.Tensor, ...]:
+    def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = normalize(img, self.channels_last)
-        with torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None, cache_enabled=cache):
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
             return self.flat.forward(x) if self.flat is not None else self.net(x)
 
     def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES) -> torch.Tensor:
