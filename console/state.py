@@ -40,12 +40,10 @@ class RunState:
     losses: list[tuple[float, float, float, float]] = field(default_factory=list)
     rows: dict[int, EpochRow] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None
-    amp: dict[str, Any] | None = None
     graphs: list[dict[str, Any]] = field(default_factory=list)
     vram: list[dict[str, Any]] = field(default_factory=list)
     profile: dict[str, Any] | None = None
     warnings: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
     t0: float | None = None  # time of the file's first event: graph lines are timed from it
     last_t: float | None = None  # time of the newest event (heartbeats included)
     bad_lines: int = 0
@@ -112,9 +110,6 @@ class RunState:
     def _on_checkpoint(self, e: dict[str, Any]) -> None:
         self.checkpoint = e
 
-    def _on_amp(self, e: dict[str, Any]) -> None:
-        self.amp = e
-
     def _on_graph(self, e: dict[str, Any]) -> None:
         self.graphs.append(e)
 
@@ -126,9 +121,6 @@ class RunState:
 
     def _on_warning(self, e: dict[str, Any]) -> None:
         self.warnings.append(e)
-
-    def _on_error(self, e: dict[str, Any]) -> None:
-        self.errors.append(e)
 
     def _on_run_end(self, e: dict[str, Any]) -> None:
         self.end = e

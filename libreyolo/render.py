@@ -16,7 +16,8 @@ def _interactive() -> bool:
     return sys.stdout.isatty() and not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
 
 
-def _fmt_s(s: float) -> str:
+def fmt_duration(s: float) -> str:
+    """Seconds as m:ss, or h:mm:ss from an hour on (progress lines, run summaries, the console)."""
     s = int(max(s, 0))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
@@ -73,7 +74,7 @@ class RichRenderer:
             now = time.time()
             if now - self._last_plain >= self.plain_every_s or e.step == e.steps:
                 self._last_plain = now
-                self.console.print(f"  [{e.epoch + 1}/{self._epochs}] {e.step}/{e.steps} {stats} eta {_fmt_s(e.eta_s)}")
+                self.console.print(f"  [{e.epoch + 1}/{self._epochs}] {e.step}/{e.steps} {stats} eta {fmt_duration(e.eta_s)}")
         elif self._progress is not None:
             self._progress.update(self._task, completed=e.step, stats=stats)
 
@@ -127,7 +128,7 @@ class RichRenderer:
         self.close()
         m = e.metrics
         summary = ", ".join(f"{k} {v:.3f}" for k, v in m.items()) if m else "no metrics"
-        self.console.print(f"[bold]{e.status}[/] after {e.epochs_done} epoch(s) in {_fmt_s(e.time_s)}: {summary}")
+        self.console.print(f"[bold]{e.status}[/] after {e.epochs_done} epoch(s) in {fmt_duration(e.time_s)}: {summary}")
         if e.best:
             self.console.print(f"  best {e.best}")
         if e.last:

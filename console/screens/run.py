@@ -17,7 +17,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from console import supervisor
 from console.screens.dialogs import ConfirmScreen
-from console.runs import CRASHED, EVENTS, LIVE, RESUMABLE, classify, last_of, process_alive, read_head_tail
+from console.runs import CRASHED, EVENTS, LIVE, RESUMABLE, classify, last_of, read_head_tail
 from console.state import RunState
 from console.supervisor import STDOUT_LOG, ProcessRecord, ProcessTree, StopResult
 from console.tail import EventBatch, EventTail, LineBatch, LineTail, follow
@@ -161,7 +161,7 @@ class RunScreen(Screen):
             line.append(f"  best mAP50-95 {best.map:.3f} (epoch {best.epoch + 1})")
         if s.end is not None and self.status != LIVE:
             line.append(f"  {s.end['epochs_done']} epoch(s) in {duration(s.end['time_s'])}")
-        if self.status in RESUMABLE and (self.run_dir / "weights" / "last.pt").is_file():
+        if self.status in RESUMABLE and supervisor.last_checkpoint(self.run_dir).is_file():
             ck = s.checkpoint
             at = f" (epoch {ck['epoch'] + 1}, step {ck['step']})" if ck else ""
             line.append(f"  r resumes from last.pt{at}")
@@ -189,7 +189,7 @@ class RunScreen(Screen):
         self.record = supervisor.read_record(self.run_dir)
         if self.record is None and self.state.start is not None:
             self.record = supervisor.adopt(self.state.start["pid"], self.state.start["t"])
-        alive = process_alive(self.record, self.state.start)
+        alive = supervisor.record_alive(self.record)  # adopt() has already checked a run without a record
         start, end = self.state.start, self.state.end
         if not alive and end is None:
             # the process may have written run_end just before exiting, faster than the tail delivered it

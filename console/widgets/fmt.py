@@ -3,12 +3,11 @@ still read correctly with NO_COLOR or on a 16-colour terminal."""
 
 from __future__ import annotations
 
+from libreyolo.render import fmt_duration
+
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(max(seconds, 0))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    return "-" if seconds is None else fmt_duration(seconds)
 
 
 def bar(fraction: float | None, width: int) -> str:

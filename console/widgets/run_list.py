@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from rich.text import Text
 from textual.widgets import DataTable
@@ -47,7 +46,3 @@ class RunList(DataTable):
             return None
         key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
         return self.runs.get(key) if key is not None else None
-
-    def select_dir(self, run_dir: Path) -> None:
-        if str(run_dir) in self.runs:
-            self.move_cursor(row=self.get_row_index(str(run_dir)))
