@@ -40,7 +40,16 @@ class RunsScreen(Screen):
         self.query_one("#runs-title", Static).update(
             f"Runs under {self.project}: enter opens one (live runs are re-attached), n starts a new one.")
         self.action_refresh()
-        self.set_interval(REFRESH_S, self.action_refresh)
+        self.set_interval(REFRESH_S, self._poll)
+
+    def _poll(self) -> None:
+        # the list stays under a run view on the screen stack: scan only while it is what the user sees
+        if self.is_current:
+            self.action_refresh()
+
+    def on_screen_resume(self) -> None:
+        if self.loaded:  # back from a run view: show what changed meanwhile at once
+            self.action_refresh()
 
     def action_refresh(self) -> None:
         # find_runs reads the end of every events.jsonl and checks pids: off the UI thread
