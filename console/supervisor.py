@@ -207,6 +207,7 @@ class ProcessTree:
     def __init__(self, pid: int):
         self.pid = pid
         self._procs: dict[int, psutil.Process] = {}
+        self._roles: dict[int, str] = {}  # a process's role never changes: read its environment once
 
     def sample(self) -> list[ProcInfo]:
         try:
@@ -215,12 +216,12 @@ class ProcessTree:
         except psutil.Error:
             return []
         self._procs = {p.pid: self._procs.get(p.pid, p) for p in found}
+        self._roles = {pid: self._roles.get(pid) or ("main" if pid == self.pid else _role(p)) for pid, p in self._procs.items()}
         out = []
         for p in self._procs.values():
             try:
                 with p.oneshot():
-                    role = "main" if p.pid == self.pid else _role(p)
-                    out.append(ProcInfo(p.pid, role, p.cpu_percent(interval=None), p.memory_info().rss / 2**20))
+                    out.append(ProcInfo(p.pid, self._roles[p.pid], p.cpu_percent(interval=None), p.memory_info().rss / 2**20))
             except psutil.Error:
                 continue
         return out
