@@ -191,8 +191,9 @@ class RunScreen(Screen):
             self.record = supervisor.adopt(self.state.start["pid"], self.state.start["t"])
         alive = supervisor.record_alive(self.record)  # adopt() has already checked a run without a record
         start, end = self.state.start, self.state.end
-        if not alive and end is None:
+        if not alive and end is None and self.status != CRASHED:
             # the process may have written run_end just before exiting, faster than the tail delivered it
+            # (not again once that look found none: a process that is gone writes nothing more)
             _, tail = read_head_tail(self.run_dir / EVENTS)
             start, end = last_of(tail, "run_start") or start, last_of(tail, "run_end")
         status = classify(start, end, self.record, alive)
