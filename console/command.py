@@ -11,6 +11,7 @@ from typing import Any
 
 from libreyolo.cli.args import parse_kv
 from libreyolo.config import TrainConfig
+from libreyolo.data.config import is_builtin
 from libreyolo.data.shapes import DEMO_SETTINGS
 from libreyolo.errors import LibreYOLOError
 
@@ -18,7 +19,6 @@ from libreyolo.errors import LibreYOLOError
 FORM_KEYS = ("model", "data", "epochs", "batch", "imgsz", "device", "amp", "amp_dtype", "cuda_graph", "profile", "workers", "cache")
 # The keys the console sets itself so it knows the run folder in advance.
 CONSOLE_KEYS = ("project", "name", "exist_ok")
-BUILTIN_DATA = ("shapes", "shapes.yaml")
 
 # Choices for the keys that are a closed set (on/off keys are spelled out as words: readable without
 # colour); tests check that each one parses with the CLI's parser.
@@ -52,7 +52,7 @@ def show(key: str, value: Any) -> str:
 
 
 def is_builtin_data(data: str) -> bool:
-    return data.strip() in BUILTIN_DATA and not Path(data.strip()).is_file()
+    return is_builtin(data.strip())
 
 
 def defaults(data: str = "shapes") -> dict[str, str]:
@@ -115,12 +115,11 @@ def check_data(data: str) -> str | None:
 
 def check_model(model: str) -> str | None:
     """None if `model` names a model or an existing checkpoint."""
-    from libreyolo.families import model_names
+    from libreyolo.families import model_names, parse_model_name
 
     model = model.strip()
-    names = model_names()
-    if model.lower() in (n.lower() for n in names) or Path(model).expanduser().is_file():
+    if parse_model_name(model) is not None or Path(model).expanduser().is_file():
         return None
     if model.endswith(".pt"):
         return f"model={model}: the checkpoint does not exist"
-    return f"model={model}: not a model name ({', '.join(names)}) or an existing .pt file"
+    return f"model={model}: not a model name ({', '.join(model_names())}) or an existing .pt file"

@@ -31,10 +31,15 @@ class DataConfig:
         return len(self.names)
 
 
+def is_builtin(data: str | os.PathLike) -> bool:
+    """`shapes`, or `shapes.yaml` when no such file exists, names the built-in dataset."""
+    return str(data) in ("shapes", "shapes.yaml") and not Path(data).is_file()
+
+
 def load_data_config(data: str | os.PathLike) -> DataConfig:
     """Read and check a dataset yaml; `shapes` (or `shapes.yaml` absent on disk) is the built-in dataset."""
     s = str(data)
-    if s in ("shapes", "shapes.yaml") and not Path(s).is_file():
+    if is_builtin(s):
         cfg = load_data_config(builtin_shapes_yaml())
         cfg.suggested = dict(DEMO_SETTINGS)
         return cfg
