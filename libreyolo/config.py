@@ -268,6 +268,12 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.keys()}
 
+    def fill_unset(self, suggested: dict[str, Any], user_keys: set[str]) -> None:
+        """A dataset's suggestions (e.g. the built-in one's imgsz, epochs) for the keys the user did not set."""
+        for k, v in suggested.items():
+            if k not in user_keys:
+                setattr(self, k, self.parse_value(k, v))
+
 
 def unknown_key_message(key: str, valid: list[str]) -> str:
     near = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)

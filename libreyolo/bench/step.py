@@ -34,7 +34,7 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
     return {k: b[k].to(device) for k in ("img", "targets", "mask")}, dc.nc
 
 
-def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None, flat: bool = True) -> tuple[Any, Any]:
+def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None) -> tuple[Any, Any]:
     """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile | compile-net) -> (runner, StepParts).
 
     compile is an experiment for the benchmark, not a training option: the eager step with its forward (network
@@ -48,8 +48,8 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
     torch.manual_seed(cfg.seed)
     cfg.cuda_graph = MODES[mode]
     net = family.build(size, nc)
-    parts = build_step_parts(family, net, cfg, device, cfg.batch, 10_000_000, flat=flat)
-    eager = parts.eager_step(cfg.grad_clip, cfg.channels_last and device.type == "cuda")
+    parts = build_step_parts(family, net, cfg, device, cfg.batch, 10_000_000)
+    eager = parts.eager_step(cfg.grad_clip)
     if mode.startswith("compile"):
         eager.forward = torch.compile(eager.forward, dynamic=False)
         if mode == "compile":

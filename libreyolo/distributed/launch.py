@@ -180,9 +180,7 @@ def _parent_batch(model: Any, cfg: TrainConfig, user_keys: set[str], gpus: list[
     from libreyolo.engine.amp import resolve_amp
 
     data = load_data_config(cfg.data)  # also generates the built-in dataset once, not once per worker
-    for k, v in data.suggested.items():  # as setup will: the dataset's suggestions (batch, imgsz) fill unset keys
-        if k not in user_keys:
-            setattr(cfg, k, TrainConfig.parse_value(k, v))
+    cfg.fill_unset(data.suggested, user_keys)  # as setup will: the dataset's suggestions (batch, imgsz)
     batch = cfg.batch
     if batch == -1:
         if gpus:

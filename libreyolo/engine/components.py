@@ -29,11 +29,12 @@ class StepParts:
     amp: AmpPolicy
     accumulate: int
     batch_scale: float
+    channels_last: bool  # the network's memory format (CUDA only), which inputs must follow
     flat: FlatParams | None = None
 
-    def eager_step(self, grad_clip: float, channels_last: bool) -> EagerStep:
+    def eager_step(self, grad_clip: float) -> EagerStep:
         return EagerStep(self.train_net, self.loss_fn, self.optimizer, self.scaler, self.ema, self.amp.autocast_dtype,
-                         grad_clip, self.batch_scale, channels_last, self.flat)
+                         grad_clip, self.batch_scale, self.channels_last, self.flat)
 
 
 def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device, batch: int, n_train: int,
@@ -43,7 +44,8 @@ def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device
     flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients)."""
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     train_net = family.train_net(net, cfg).to(device)
-    if cfg.channels_last and device.type == "cuda":
+    channels_last = cfg.channels_last and device.type == "cuda"
+    if channels_last:
         train_net = train_net.to(memory_format=torch.channels_last)
     accumulate = max(round(cfg.nbs / batch), 1)
     iterations = -(-n_train // max(batch, cfg.nbs)) * cfg.epochs
@@ -51,10 +53,10 @@ def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device
     decay = cfg.weight_decay * batch * accumulate / cfg.nbs
     optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device)
     ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
-    channels_last = cfg.channels_last and device.type == "cuda"
     flat_params = FlatParams(train_net, amp.autocast_dtype, channels_last) if flat else None
     return StepParts(
         net=net, train_net=train_net, optimizer=optimizer, optimizer_name=name, lr0=lr0, momentum=momentum,
         scaler=make_scaler(amp), ema=ema, loss_fn=family.loss(net, cfg, reduce_normalizer), amp=amp,
-        accumulate=accumulate, batch_scale=float(batch if batch_scale is None else batch_scale), flat=flat_params,
+        accumulate=accumulate, batch_scale=float(batch if batch_scale is None else batch_scale), channels_last=channels_last,
+        flat=flat_params,
     )

@@ -175,9 +175,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         data = load_data_config(cfg.data)
         train_ls, val_ls = _scan(data, "train", data.nc, notes), _scan(data, "val", data.nc, notes)
     if ckpt is None:
-        for k, v in data.suggested.items():
-            if k not in trainer.user_keys:
-                setattr(cfg, k, TrainConfig.parse_value(k, v))
+        cfg.fill_unset(data.suggested, trainer.user_keys)
     seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below
 
     model = trainer.model
@@ -205,7 +203,7 @@ def build_setup(trainer: Any) -> TrainSetup:
     ddp = dist.world_size > 1  # DDP hooks the registered parameters' gradients: no flat parameter storage then
     parts = build_step_parts(family, net, cfg, device, batch, len(train_ds), reduce_normalizer=dist.normalizer_reducer(), flat=not ddp)
     parts.train_net = distributed.sync_batchnorm(parts.train_net, dist, device, cfg.sync_bn, batch_per_rank, notes)
-    eager = parts.eager_step(cfg.grad_clip, cfg.channels_last and device.type == "cuda")
+    eager = parts.eager_step(cfg.grad_clip)
     eager.net = dist.wrap(parts.train_net, device)  # the step runs DDP; checkpoints and the EMA keep the plain module
     step = select_step(eager, parts, cfg, family, device, dist.world_size, trainer.emit)
 
