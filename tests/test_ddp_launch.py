@@ -150,13 +150,15 @@ def test_torchrun_launch_starts_no_processes_of_its_own(tiny_data, tmp_path):
         if __name__ == "__main__":
             m = LibreYOLO("LibreYOLO9t")
             m.train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, **{TINY!r})
-            print("RESULT", os.environ["RANK"], os.getpid(), m.last_run, m.trained, flush=True)
+            # a file per rank: both ranks share torchrun's stdout, where their prints can interleave
+            with open(os.path.join({str(tmp_path)!r}, "result_" + os.environ["RANK"]), "w") as f:
+                f.write(f"{{os.getpid()}} {{m.last_run}} {{m.trained}}")
     """))
     # LIBREYOLO_CPU_WORLD_SIZE=2 is set too: under torchrun it must not start 2 more processes per rank
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     r = subprocess.run(cmd, env=_env(tag), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    results = {int(w[1]): w[2:] for w in (l.split() for l in r.stdout.splitlines() if l.startswith("RESULT"))}
+    results = {int(f.name.split("_")[1]): f.read_text().split() for f in tmp_path.glob("result_*")}
     assert sorted(results) == [0, 1]
     run = tmp_path / "runs" / "exp"
     assert results[0][1] == results[1][1] == str(run) and results[0][2] == "True"  # every rank agrees on the run dir
