@@ -108,6 +108,7 @@ def test_stale_disk_entries_are_rebuilt(tiny_data, tmp_path):
     cv2.imwrite(str(changed), 255 - cv2.imread(str(changed)))
     st = os.stat(touched)
     os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    ls = _labels(root)  # a run scans the images (and stamps them) before it opens the cache
     third = open_image_cache("disk", ls, 64, "train", [], progress=False)
     assert third.written == 2 and third.reused == len(ls) - 2
     assert np.array_equal(third.get(2), load_resized(str(changed), 64, max(ls.shapes[2])))

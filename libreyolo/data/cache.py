@@ -105,7 +105,7 @@ def open_image_cache(
     desc = f"caching {split} images ({len(files)}, imgsz {imgsz})"
     source: ImageSource | None = None
     if mode in ("ram", "auto"):
-        got = open_ram_cache(files, labels.shapes, imgsz, desc, lambda n, f: ram_refusal(n, f, available), notes, threads, progress)
+        got = open_ram_cache(files, labels.shapes, labels.stamps, imgsz, desc, lambda n, f: ram_refusal(n, f, available), notes, threads, progress)
         if isinstance(got, str) and mode == "auto":
             notes.append(f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache (cache=disk caches on disk).")
             return None
@@ -116,7 +116,7 @@ def open_image_cache(
         else:
             source = got
     if mode == "disk":
-        got = open_disk_cache(files, labels.shapes, imgsz, desc, disk_refusal, threads, progress)
+        got = open_disk_cache(files, labels.shapes, labels.stamps, imgsz, desc, disk_refusal, threads, progress)
         if isinstance(got, str):
             notes.append(f"cache=disk for the {split} images (imgsz {imgsz}): {got}; training without an image cache.")
             return None

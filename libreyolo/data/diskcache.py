@@ -79,6 +79,7 @@ class DiskCache:
 def open_disk_cache(
     files: list[str],
     shapes: list[tuple[int, int]],
+    stamps: list[tuple[int, int] | None],
     imgsz: int,
     desc: str,
     refuse: Callable[[int, Path], str | None],
@@ -91,16 +92,15 @@ def open_disk_cache(
     lock = HostLock(shared_dir() / f"libreyolo-disk-{key}.lock")
     lock.acquire()  # DDP ranks of one host: the first builds, the others then find every entry fresh
     try:
-        return _open(files, shapes, imgsz, desc, refuse, threads, progress)
+        return _open(files, shapes, [None if st is None else st[1] for st in stamps], imgsz, desc, refuse, threads, progress)
     finally:
         lock.release()
 
 
-def _open(files: list[str], shapes: list[tuple[int, int]], imgsz: int, desc: str, refuse: Callable[[int, Path], str | None],
-          threads: int | None, progress: bool) -> DiskCache | str:
+def _open(files: list[str], shapes: list[tuple[int, int]], src_mtime: list[int | None], imgsz: int, desc: str,
+          refuse: Callable[[int, Path], str | None], threads: int | None, progress: bool) -> DiskCache | str:
     entries = [entry_path(Path(f), imgsz) for f in files]
     cache = DiskCache(entries, imgsz)
-    src_mtime = [_mtime_ns(f) for f in files]
     stale = [i for i, (e, m) in enumerate(zip(entries, src_mtime)) if m is None or _mtime_ns(e) != m]
     cache.reused = len(files) - len(stale)
     if not stale:

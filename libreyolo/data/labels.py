@@ -26,6 +26,9 @@ class LabelSet:
     shapes: list[tuple[int, int]]  # per image (height, width)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, reason)
     backgrounds: int = 0  # images without a label file or with an empty one
+    # per image (size, mtime_ns) as stat'ed for this scan, or None if it could not be; the image caches key
+    # and check their entries with these instead of stat'ing every image again
+    stamps: list[tuple[int, int] | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -69,17 +72,24 @@ def _check_one(image: Path, nc: int) -> tuple[np.ndarray | None, tuple[int, int]
     return arr, (h, w), None, len(arr) == 0
 
 
-def _fingerprint(images: list[Path], nc: int) -> str:
+def _stamp(p: Path) -> tuple[int, int] | None:
+    try:
+        st = p.stat()
+        return st.st_size, st.st_mtime_ns
+    except OSError:
+        return None
+
+
+def _fingerprint(images: list[Path], nc: int) -> tuple[str, list[tuple[int, int] | None]]:
+    """-> the hash of every image's and label's path, size and mtime, and the images' (size, mtime_ns)."""
     h = hashlib.sha256(f"v{CACHE_VERSION}:{nc}".encode())
+    stamps = []
     for p in images:
         h.update(str(p).encode())
-        for q in (p, label_path(p)):
-            try:
-                st = q.stat()
-                h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
-            except OSError:
-                h.update(b"-")
-    return h.hexdigest()
+        stamps.append(_stamp(p))
+        for st in (stamps[-1], _stamp(label_path(p))):
+            h.update(b"-" if st is None else f"{st[0]}:{st[1]}".encode())
+    return h.hexdigest(), stamps
 
 
 def cache_path_for(images: list[Path]) -> Path:
@@ -97,20 +107,23 @@ def scan_labels(images: list[Path], nc: int, use_cache: bool = True, threads: in
     """Check every image and label file (in parallel), or load the cache if nothing changed."""
     if not images:
         return LabelSet([], [], [])
-    fp = _fingerprint(images, nc)
+    fp, stamps = _fingerprint(images, nc)
     cpath = cache_path_for(images)
     if use_cache:
         cached = _load_cache(cpath, fp)
         if cached is not None:
+            by_file = dict(zip(map(str, images), stamps))
+            cached.stamps = [by_file[str(f)] for f in cached.files]
             return cached
     with ThreadPoolExecutor(max(1, threads)) as pool:
         results = list(pool.map(lambda p: _check_one(p, nc), images))
     out = LabelSet([], [], [])
-    for img, (lab, shape, err, bg) in zip(images, results):
+    for img, stamp, (lab, shape, err, bg) in zip(images, stamps, results):
         if err is not None:
             out.skipped.append((str(img), err))
             continue
         out.files.append(img)
+        out.stamps.append(stamp)
         out.labels.append(lab)
         out.shapes.append(shape)
         out.backgrounds += bg

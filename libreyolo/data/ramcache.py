@@ -33,14 +33,11 @@ _FOOTER = struct.Struct("<8sqq")
 PREFIX = "libreyolo-ram-"
 
 
-def cache_key(files: list[str], imgsz: int) -> str:
+def cache_key(files: list[str], stamps: list[tuple[int, int] | None], imgsz: int) -> str:
+    """From each file's path, size and mtime (`LabelSet.stamps`) and imgsz."""
     h = hashlib.sha256(f"{MAGIC!r} imgsz={imgsz}".encode())
-    for f in files:
-        try:
-            st = os.stat(f)
-            h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        except OSError:
-            h.update(f"{f}\0-\n".encode())
+    for f, st in zip(files, stamps, strict=True):
+        h.update(f"{f}\0-\n".encode() if st is None else f"{f}\0{st[0]}\0{st[1]}\n".encode())
     return h.hexdigest()[:20]
 
 
@@ -100,6 +97,7 @@ def _release(path: Path, users: HostLock, owner: int) -> None:
 def open_ram_cache(
     files: list[str],
     shapes: list[tuple[int, int]],
+    stamps: list[tuple[int, int] | None],
     imgsz: int,
     desc: str,
     refuse: Callable[[int, Path], str | None],
@@ -110,7 +108,7 @@ def open_ram_cache(
     """Map the host's RAM cache of these files, building it first if no process has. `refuse(bytes, folder)`
     returns a reason not to build (memory), which is returned instead of a cache."""
     folder = shared_dir()
-    key = cache_key(files, imgsz)
+    key = cache_key(files, stamps, imgsz)
     path = folder / f"{PREFIX}{key}.bin"
     users = HostLock(folder / f"{PREFIX}{key}.lock")
     users.acquire(shared=True)  # before looking at the file, so no sweeper can delete it under us
@@ -132,14 +130,15 @@ def open_ram_cache(
                 except (DataError, ValueError, OSError):
                     path.unlink(missing_ok=True)  # a cache file from another version or a torn copy
             _sweep_orphans(folder, key, notes)
-            need = sum(slot_bytes(s, imgsz) for s in shapes)
+            slots = np.array([slot_bytes(s, imgsz) for s in shapes], np.int64)
+            need = int(slots.sum())
             why = refuse(need, folder)
             if why is not None:
                 cache._finalizer.detach()
                 users.release()
                 return why
             try:
-                cache.bad = _build(path, files, shapes, imgsz, desc, threads, progress)
+                cache.bad = _build(path, files, shapes, slots, imgsz, desc, threads, progress)
             except OSError as e:  # ENOSPC from the reservation, a folder we may not write
                 cache._finalizer.detach()
                 users.release()
@@ -153,9 +152,9 @@ def open_ram_cache(
         raise
 
 
-def _build(path: Path, files: list[str], shapes: list[tuple[int, int]], imgsz: int, desc: str, threads: int | None, progress: bool) -> list[tuple[str, str]]:
+def _build(path: Path, files: list[str], shapes: list[tuple[int, int]], slots: np.ndarray, imgsz: int, desc: str,
+           threads: int | None, progress: bool) -> list[tuple[str, str]]:
     n = len(files)
-    slots = np.array([slot_bytes(s, imgsz) for s in shapes], np.int64)
     offsets = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
     idx_off = -(-int(slots.sum()) // 8) * 8
     total = idx_off + n * 32 + _FOOTER.size
