@@ -103,3 +103,14 @@ def test_family_without_ddp_support_names_the_alternative(cpu_world_2, tiny_data
     m.family = dataclasses.replace(m.family, supports_ddp=False)
     with pytest.raises(ConfigError, match=r"cannot train distributed.*device=0.*torchrun"):
         m.train(data=str(tiny_data), device="cpu")
+
+
+def test_launcher_settles_batch_minus_one_before_the_workers_on_cpu(tiny_data, capsys):
+    from libreyolo.distributed.launch import _parent_batch
+
+    cfg = TrainConfig.from_overrides({"data": str(tiny_data), "device": "cpu", "batch": -1})
+    assert _parent_batch(LibreYOLO("LibreYOLO9t"), cfg, {"data", "device", "batch"}, [], 3) == default_batch(3) == 15
+    assert "batch=-1 (autobatch) needs a CUDA device; using batch=15 on cpu" in capsys.readouterr().out
+    cfg = TrainConfig.from_overrides({"data": str(tiny_data), "device": "cpu", "batch": 6})
+    with pytest.raises(ConfigError, match="world_size=4"):
+        _parent_batch(LibreYOLO("LibreYOLO9t"), cfg, {"data", "device", "batch"}, [], 4)

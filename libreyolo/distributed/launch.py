@@ -11,6 +11,7 @@ N Gloo CPU processes instead (how the tests exercise the launcher on machines wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ import torch.multiprocessing as mp
 
 from libreyolo import errors
 from libreyolo.config import TrainConfig
-from libreyolo.distributed.context import split_batch
+from libreyolo.distributed.context import DistContext, split_batch
 from libreyolo.distributed.device import parse_device, torchrun_env
 from libreyolo.errors import ConfigError, LibreYOLOError
 
@@ -181,19 +182,17 @@ def _parent_batch(model: Any, cfg: TrainConfig, user_keys: set[str], gpus: list[
 
     data = load_data_config(cfg.data)  # also generates the built-in dataset once, not once per worker
     cfg.fill_unset(data.suggested, user_keys)  # as setup will: the dataset's suggestions (batch, imgsz)
-    batch = cfg.batch
-    if batch == -1:
+    device = torch.device(f"cuda:{gpus[0]}" if gpus else "cpu")
+    notes: list[str] = []
+    with torch.cuda.device(device) if gpus else contextlib.nullcontext():
+        probe = lambda: autobatch.probe_model(model.family, model.size, data.nc, cfg, device)  # noqa: E731
+        dtype = resolve_amp(cfg.amp, cfg.amp_dtype, device).autocast_dtype
+        # this process is not a rank: a world of nprocs with no process group, so it probes and keeps the result
+        batch = autobatch.resolve_global_batch(cfg, device, DistContext(world_size=nprocs), probe, dtype, notes)
         if gpus:
-            device = torch.device(f"cuda:{gpus[0]}")
-            with torch.cuda.device(device):
-                net, loss_fn = autobatch.probe_model(model.family, model.size, data.nc, cfg, device)
-                dtype = resolve_amp(cfg.amp, cfg.amp_dtype, device).autocast_dtype
-                batch, line = autobatch.autobatch(net, loss_fn, device, cfg.imgsz, dtype, nprocs, cfg.nbs, cfg.channels_last)
-                del net, loss_fn
-                torch.cuda.empty_cache()
-            print(line, flush=True)
-        else:
-            batch = autobatch.default_batch(nprocs)
+            torch.cuda.empty_cache()  # the probe's network is gone; its memory goes back before the workers start
+    for line in notes:
+        print(line, flush=True)
     split_batch(batch, nprocs)
     return batch
 
