@@ -10,55 +10,49 @@ from torch import nn
 
 from libreyolo.nn.blocks import Conv
 
-_ANCHOR_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_CONSTANTS: dict[tuple, Any] = {}
+
+
+def _constant(key: tuple, device: torch.device, build: Any) -> Any:
+    """`build()`, made once per key: the anchor grid and the DFL bins only depend on sizes, so a training
+    step does not rebuild them (a dozen small kernels per step for nothing). Never cached while a CUDA
+    graph is being captured: that tensor would live in the graph's private memory pool."""
+    hit = _CONSTANTS.get(key)
+    if hit is not None:
+        return hit
+    out = build()
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _CONSTANTS[key] = out
+    return out
 
 
 def make_anchors(
     shapes: list[tuple[int, int]], strides: list[int], device: torch.device, dtype: torch.dtype, pixels: bool = False
 ) -> Any:
     """Grid-cell centres (A, 2) in feature units and their strides (A, 1), for all levels concatenated;
-    with pixels=True, the centres in input pixels (A, 2) alone.
+    with pixels=True, the centres in input pixels (A, 2) alone. Cached per (shapes, device, dtype)."""
 
-    Cached per (shapes, device, dtype): the grid only depends on the input size, so a training step does
-    not rebuild it (that would be a dozen small kernels per step for nothing)."""
-    key = (tuple(shapes), tuple(strides), str(device), dtype, pixels)
-    hit = _ANCHOR_CACHE.get(key)
-    if hit is not None:
-        return hit
-    points, stride_t = [], []
-    for (h, w), s in zip(shapes, strides):
-        sy, sx = torch.meshgrid(
-            torch.arange(h, device=device, dtype=dtype) + 0.5,
-            torch.arange(w, device=device, dtype=dtype) + 0.5,
-            indexing="ij",
-        )
-        points.append(torch.stack((sx, sy), -1).view(-1, 2))
-        stride_t.append(torch.full((h * w, 1), s, dtype=dtype, device=device))
-    out = (torch.cat(points), torch.cat(stride_t))
-    if pixels:
-        out = out[0] * out[1]
-    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-        _ANCHOR_CACHE[key] = out
-    return out
+    def build() -> Any:
+        points, stride_t = [], []
+        for (h, w), s in zip(shapes, strides):
+            sy, sx = torch.meshgrid(
+                torch.arange(h, device=device, dtype=dtype) + 0.5,
+                torch.arange(w, device=device, dtype=dtype) + 0.5,
+                indexing="ij",
+            )
+            points.append(torch.stack((sx, sy), -1).view(-1, 2))
+            stride_t.append(torch.full((h * w, 1), s, dtype=dtype, device=device))
+        out = (torch.cat(points), torch.cat(stride_t))
+        return out[0] * out[1] if pixels else out
+
+    return _constant(("anchors", tuple(shapes), tuple(strides), str(device), dtype, pixels), device, build)
 
 
 def dfl_decode(distri: torch.Tensor, reg_max: int) -> torch.Tensor:
     """(..., 4*reg_max) logits -> (..., 4) expected distances (left, top, right, bottom) in grid units."""
     p = distri.unflatten(-1, (4, reg_max)).softmax(-1)
-    return p @ _bins(reg_max, distri.device, distri.dtype)
-
-
-_BINS: dict[tuple, torch.Tensor] = {}
-
-
-def _bins(reg_max: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    key = (reg_max, str(device), dtype)
-    if key not in _BINS:
-        t = torch.arange(reg_max, device=device, dtype=dtype)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return t  # never cache a tensor that lives in a graph's private pool
-        _BINS[key] = t
-    return _BINS[key]
+    dev, dt = distri.device, distri.dtype
+    return p @ _constant(("bins", reg_max, str(dev), dt), dev, lambda: torch.arange(reg_max, device=dev, dtype=dt))
 
 
 def dist2bbox(dist: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
