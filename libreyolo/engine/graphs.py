@@ -182,12 +182,11 @@ class NetworkGraphStep(GraphRunner):
         with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
             # the autocast weight-cast cache must not outlive the capture: casts are captured kernels
             with torch.autocast("cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False):
-                g.outs = tuple(e.flat.forward(g.x) if e.flat is not None else e.net(g.x))
+                g.outs = tuple(e.flat.forward(g.x))
         g.grad_outs = [torch.empty_like(o) for o in g.outs]
         with torch.cuda.graph(g.bwd, pool=pool, capture_error_mode="thread_local"):
             torch.autograd.backward(g.outs, grad_tensors=g.grad_outs)
-            if e.flat is not None:
-                e.flat.gather_grads()
+            e.flat.gather_grads()
         # keep the output buffers, drop the captured autograd graph: its nodes would otherwise stay alive
         # (on the capture stream) and make later eager steps synchronise across streams
         g.outs = tuple(o.detach() for o in g.outs)
@@ -221,14 +220,12 @@ def select_step(eager: EagerStep, parts: Any, cfg: Any, family: Any, device: tor
     reason = None
     if device.type != "cuda":
         reason = f"cuda_graph={str(mode).lower()} needs a CUDA device; training eager on {device.type}"
-    elif world_size > 1:
+    elif world_size > 1:  # (also the only case without flat parameter storage, which both graph modes use)
         reason = f"cuda_graph={str(mode).lower()} is not used under DDP ({world_size} processes); training eager"
     elif not family.capture_plan:
         reason = f"the {family.name} family has no capture plan; training eager"
     elif mode == "full" and not family.supports_full_graph:
         reason = f"the {family.name} family does not support whole-step capture; training eager"
-    elif mode == "full" and eager.flat is None:
-        reason = "cuda_graph=full needs the flat parameter storage (engine/flat.py), which is off here; training eager"
     if reason:
         emit(ev.Graph(action="fallback", mode=name, reason=reason))
         return eager
