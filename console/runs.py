@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from console.supervisor import RECORD, ProcessRecord, is_alive, read_record, record_alive
+from console.tail import LineTail, parse_event
 
 EVENTS = "events.jsonl"
 _TAIL_BYTES = 64 << 10  # the end of events.jsonl holds everything a run list needs
@@ -82,25 +82,10 @@ def read_head_tail(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, An
     try:
         with open(path, "rb") as f:
             first = f.readline()
-            size = f.seek(0, os.SEEK_END)
-            start = max(0, size - _TAIL_BYTES)
-            f.seek(start)
-            data = f.read()
     except FileNotFoundError:
         return None, []
-    lines = data.split(b"\n")
-    if start > 0:
-        lines = lines[1:]  # partial first line
-    lines = lines[:-1]  # partial (or empty) last line
-    return _parse(first) if first.endswith(b"\n") else None, [e for e in map(_parse, lines) if e is not None]
-
-
-def _parse(line: bytes) -> dict[str, Any] | None:
-    try:
-        d = json.loads(line)
-    except ValueError:
-        return None
-    return d if isinstance(d, dict) and "type" in d else None
+    head = parse_event(first) if first.endswith(b"\n") else None
+    return head, [e for e in map(parse_event, LineTail(path, from_end=_TAIL_BYTES).read().lines) if e is not None]
 
 
 def last_of(events: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:

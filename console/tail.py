@@ -102,17 +102,22 @@ class EventTail:
         for line in got.lines:
             if not line.strip():
                 continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
+            d = parse_event(line)
+            if d is None:
                 batch.bad_lines += 1
-                continue
-            # A reader rejects schema versions it does not know (docs/events.md) rather than misread them.
-            if not isinstance(d, dict) or d.get("v") != SCHEMA_VERSION or "type" not in d:
-                batch.bad_lines += 1
-                continue
-            batch.events.append(d)
+            else:
+                batch.events.append(d)
         return batch
+
+
+def parse_event(line: str | bytes) -> dict[str, Any] | None:
+    """One events.jsonl line as a dict, or None if it is not JSON, not an event, or of a schema version this
+    reader does not know (a reader rejects those rather than misread them: docs/events.md)."""
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) and d.get("v") == SCHEMA_VERSION and "type" in d else None
 
 
 Batch = TypeVar("Batch", LineBatch, EventBatch)

@@ -111,3 +111,21 @@ def test_follow_delivers_from_a_thread_until_stopped(tmp_path):
         stop.set()
         th.join(timeout=5)
     assert got == ["a", "b"] and not th.is_alive()
+
+
+def test_run_list_reads_the_first_event_and_the_end_with_the_same_rules(tmp_path, monkeypatch):
+    import console.runs as runs
+
+    monkeypatch.setattr(runs, "_TAIL_BYTES", 400)  # a small tail, so the file's middle is never read
+    p = tmp_path / "events.jsonl"
+    w = ev.EventWriter(p)
+    for step in range(40):
+        w.write(ev.Heartbeat(epoch=0, step=step, pid=1))
+    w.close()
+    _append(p, json.dumps({"type": "heartbeat", "v": 99, "step": 40}) + "\n")  # a schema this reader does not know
+    _append(p, "garbage\n")
+    _append(p, '{"type": "heartbeat", "v": 1, "t": 1.0, "epoch": 0, "step": 41')  # the writer is mid-line
+    head, tail = runs.read_head_tail(p)
+    steps = [e["step"] for e in tail]
+    assert head["step"] == 0 and steps == list(range(steps[0], 40)) and 0 < steps[0] < 39
+    assert runs.read_head_tail(tmp_path / "missing.jsonl") == (None, [])
