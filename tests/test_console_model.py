@@ -201,3 +201,39 @@ def test_gpu_panel_counts_the_run_s_own_memory_by_pid():
     assert panel._run_memory({10: 1024.0, 11: 2048.0, 99: 5.0}) == "run: 3.0 GB in 2 procs (+1 other proc)"
     assert panel._run_memory({10: None}) == "run: n/a in 1 proc"
     assert panel._run_memory({}) == "run: -"
+
+
+def test_plots_redraw_only_when_their_curves_change():
+    import asyncio
+
+    from textual.app import App
+
+    from console.widgets.plots import LossPlot, MetricsPlot
+
+    class Plots(App):
+        def compose(self):
+            yield LossPlot()
+            yield MetricsPlot()
+
+    async def go():
+        async with Plots().run_test() as pilot:
+            loss, metrics = pilot.app.query_one(LossPlot), pilot.app.query_one(MetricsPlot)
+            drawn = {"loss": 0, "metrics": 0}
+            for name, w in (("loss", loss), ("metrics", metrics)):
+                draw = w.draw
+                w.draw = lambda data, name=name, draw=draw: (drawn.__setitem__(name, drawn[name] + 1), draw(data))
+            s = RunState()
+            for i in range(1, 4):  # three step events: the loss curve grows, the validation curves do not
+                s.apply([_step(0, i)])
+                for w in (loss, metrics):
+                    w.show_state(s)
+            assert drawn == {"loss": 3, "metrics": 1}
+            s.apply([_d(ev.Val(epoch=0, precision=0.5, recall=0.4, map50=0.3, map=0.2, losses={}, images=8, time_s=1.0))])
+            metrics.show_state(s)
+            metrics.show_state(s)
+            assert drawn["metrics"] == 2
+            pilot.app.theme = "textual-light"  # a new theme recolours the curves even though the data is the same
+            await pilot.pause()
+            assert drawn["metrics"] == 3
+
+    asyncio.run(go())

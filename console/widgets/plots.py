@@ -18,6 +18,7 @@ class _Plot(PlotextPlot):
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)
         self._state: RunState | None = None
+        self._drawn: tuple | None = None
 
     def on_mount(self) -> None:
         # (Textual also runs PlotextPlot.on_mount: handlers of every class in the MRO are called)
@@ -25,16 +26,24 @@ class _Plot(PlotextPlot):
 
     def _recolor(self, _theme: object) -> None:
         if self._state is not None:
-            self.show_state(self._state)
+            self.show_state(self._state, force=True)
 
-    def show_state(self, state: RunState) -> None:
+    def show_state(self, state: RunState, force: bool = False) -> None:
+        """Redrawn only when the curves' data changed (or the theme did): the run view calls this for every
+        batch of events, and the validation curves change once an epoch."""
         self._state = state
-        plt = self.plt
-        plt.clear_data()
-        self.draw(state)
+        data = self.data(state)
+        if data == self._drawn and not force:
+            return
+        self._drawn = data
+        self.plt.clear_data()
+        self.draw(data)
         self.refresh()
 
-    def draw(self, state: RunState) -> None:
+    def data(self, state: RunState) -> tuple:
+        raise NotImplementedError
+
+    def draw(self, data: tuple) -> None:
         raise NotImplementedError
 
     def series(self) -> list[tuple[str, tuple[int, int, int]]]:
@@ -48,11 +57,13 @@ class _Plot(PlotextPlot):
 class LossPlot(_Plot):
     """box, cls and dfl loss (means since the epoch began) against training progress in epochs."""
 
-    def draw(self, state: RunState) -> None:
+    def data(self, state: RunState) -> tuple:
+        return tuple(state.losses)
+
+    def draw(self, pts: tuple) -> None:
         plt = self.plt
         plt.title("training loss")
         plt.xlabel("epoch")
-        pts = state.losses
         if pts:
             xs = [p[0] for p in pts]
             for i, (name, (marker, color)) in enumerate(zip(("box", "cls", "dfl"), self.series())):
@@ -62,14 +73,14 @@ class LossPlot(_Plot):
 class MetricsPlot(_Plot):
     """Validation precision, recall, mAP50 and mAP50-95 per epoch."""
 
-    def draw(self, state: RunState) -> None:
+    def data(self, state: RunState) -> tuple:
+        return tuple((r.epoch + 1, r.precision, r.recall, r.map50, r.map) for _, r in sorted(state.rows.items()) if r.map is not None)
+
+    def draw(self, rows: tuple) -> None:
         plt = self.plt
         plt.title("validation")
         plt.xlabel("epoch")
-        rows = [r for _, r in sorted(state.rows.items()) if r.map is not None]
         if rows:
-            xs = [r.epoch + 1 for r in rows]
-            series = (("P", [r.precision for r in rows]), ("R", [r.recall for r in rows]),
-                      ("mAP50", [r.map50 for r in rows]), ("mAP50-95", [r.map for r in rows]))
-            for (name, ys), (marker, color) in zip(series, self.series()):
-                plt.plot(xs, ys, label=name, marker=marker, color=color)
+            xs = [r[0] for r in rows]
+            for i, (name, (marker, color)) in enumerate(zip(("P", "R", "mAP50", "mAP50-95"), self.series())):
+                plt.plot(xs, [r[i + 1] for r in rows], label=name, marker=marker, color=color)
