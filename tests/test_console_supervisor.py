@@ -199,3 +199,40 @@ def test_find_runs_reports_finished_crashed_live_and_reused_pid(tmp_path, spawne
     assert got["exp5"].status == CRASHED
     assert got["exp6"].status == LIVE and got["exp6"].model == "LibreYOLO9t"
     assert got["exp"].model == "LibreYOLO9t" and got["exp"].epochs == 3
+
+
+def test_a_run_view_under_another_keeps_its_state_but_neither_draws_nor_polls(tmp_path, monkeypatch):
+    import asyncio
+
+    from console.app import ConsoleApp
+    from console.screens.run import RunScreen
+
+    monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
+    project = tmp_path / "runs"
+    for name in ("a", "b"):
+        (project / name).mkdir(parents=True)
+        _events(project / name, _start(), _end("finished"))
+
+    async def go():
+        app = ConsoleApp(project=project, attach=project / "a", gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if isinstance(app.screen, RunScreen) and app.screen.status == "finished":
+                    break
+            a = app.screen
+            calls = {"draw": 0, "poll": 0}
+            monkeypatch.setattr(a, "show_status", lambda: calls.__setitem__("draw", calls["draw"] + 1))
+            monkeypatch.setattr(a, "check_process", lambda: calls.__setitem__("poll", calls["poll"] + 1))
+            app.open_run(project / "b")
+            await pilot.pause(0.3)
+            assert app.screen is not a and isinstance(app.screen, RunScreen)
+            _events(project / "a", ev.WarningEvent(message="late news"))  # a's file grows while b is shown
+            await pilot.pause(2.5)
+            assert calls == {"draw": 0, "poll": 0}
+            assert [w["message"] for w in a.state.warnings] == ["late news"]  # its tail still reads
+            app.pop_screen()
+            await pilot.pause(0.3)
+            assert app.screen is a and calls["draw"] >= 1 and calls["poll"] >= 1  # back on top: at once
+
+    asyncio.run(go())

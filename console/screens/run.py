@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.markup import escape
 from textual.message import Message
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
@@ -115,7 +115,22 @@ class RunScreen(Screen):
         self.run_worker(self._follow_log, thread=True, group="tail-log")
         self.check_process()
         self.set_interval(0.25, self.redraw)
-        self.set_interval(1.0, self.check_process)
+        self.set_interval(1.0, self._poll_process)
+
+    def in_view(self) -> bool:
+        """Nothing but dialogs above this screen: a run view opened from another one (or the new-run form's
+        run) leaves this one on the stack, where it keeps its state current but neither draws nor polls."""
+        stack = self.app.screen_stack
+        return self in stack and all(isinstance(s, ModalScreen) for s in stack[stack.index(self) + 1 :])
+
+    def on_screen_resume(self) -> None:
+        self._dirty = True  # back on top: show what arrived meanwhile at once
+        self.check_process()
+        self.redraw()
+
+    def _poll_process(self) -> None:
+        if self.in_view():
+            self.check_process()
 
     # --- following the files (worker threads) -------------------------------------------------------
     def _follow_events(self) -> None:
@@ -139,7 +154,7 @@ class RunScreen(Screen):
     # --- drawing ------------------------------------------------------------------------------------
     def redraw(self) -> None:
         """At most 4 redraws a second, however fast events arrive (a re-attach delivers thousands at once)."""
-        if not self._dirty:
+        if not self._dirty or not self.in_view():
             return
         self._dirty = False
         s = self.state
