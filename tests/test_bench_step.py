@@ -16,6 +16,7 @@ def test_bench_step_reports_each_mode_and_graph_modes_fall_back_on_cpu():
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     assert report["meta"]["device"] == "cpu" and report["meta"]["batch"] == 2
+    assert (report["meta"]["amp"], report["meta"]["amp_dtype"]) == (False, "float32")  # YOLOv9's amp=true does not run on a CPU
     eager, full = report["results"]
     assert (eager["mode"], full["mode"]) == ("eager", "full")
     for res in (eager, full):

@@ -138,7 +138,10 @@ def run(argv: list[str]) -> int:
     base = next((r["median_ms"] for r in results if r["mode"] == "eager"), None)
     for r in results:
         r["speedup_vs_eager"] = base / r["median_ms"] if base else None
-    meta = {"model": cfg.model, "batch": cfg.batch, "imgsz": cfg.imgsz, "amp": cfg.amp, "amp_dtype": cfg.amp_dtype, "device": str(device),
+    from libreyolo.engine.amp import resolve_amp
+
+    amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # what the steps ran in (on a CPU: float32, whatever amp says)
+    meta = {"model": cfg.model, "batch": cfg.batch, "imgsz": cfg.imgsz, "amp": amp.enabled, "amp_dtype": amp.dtype, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
             "targets_capacity": int(data["targets"].shape[1]), "cudnn_benchmark": cfg.cudnn_benchmark is not False, "date": time.strftime("%Y-%m-%d")}
     if as_json:
@@ -147,7 +150,7 @@ def run(argv: list[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"bench step: {cfg.model} batch {cfg.batch} imgsz {cfg.imgsz} {cfg.amp_dtype if cfg.amp else 'fp32'} on {meta['gpu']}")
+    t = Table(title=f"bench step: {cfg.model} batch {cfg.batch} imgsz {cfg.imgsz} {amp.dtype} on {meta['gpu']}")
     for c in ("mode", "median ms", "min ms", "x eager", "kernels/step", "GPU busy", "peak alloc GiB"):
         t.add_column(c, justify="right")
     for r in results:
