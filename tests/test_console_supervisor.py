@@ -213,26 +213,27 @@ def test_a_run_view_under_another_keeps_its_state_but_neither_draws_nor_polls(tm
         (project / name).mkdir(parents=True)
         _events(project / name, _start(), _end("finished"))
 
+    async def until(pilot, cond, seconds=30.0):
+        deadline = time.monotonic() + seconds
+        while not cond() and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        assert cond()
+
     async def go():
         app = ConsoleApp(project=project, attach=project / "a", gpu_interval=0.5)
         async with app.run_test(size=(80, 24)) as pilot:
-            for _ in range(100):
-                await pilot.pause(0.05)
-                if isinstance(app.screen, RunScreen) and app.screen.status == "finished":
-                    break
+            await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.status == "finished")
             a = app.screen
             calls = {"draw": 0, "poll": 0}
             monkeypatch.setattr(a, "show_status", lambda: calls.__setitem__("draw", calls["draw"] + 1))
             monkeypatch.setattr(a, "check_process", lambda: calls.__setitem__("poll", calls["poll"] + 1))
             app.open_run(project / "b")
-            await pilot.pause(0.3)
-            assert app.screen is not a and isinstance(app.screen, RunScreen)
+            await until(pilot, lambda: app.screen is not a and isinstance(app.screen, RunScreen) and app.screen.status == "finished")
             _events(project / "a", ev.WarningEvent(message="late news"))  # a's file grows while b is shown
-            await pilot.pause(2.5)
+            await until(pilot, lambda: a.state.warnings)  # its tail still reads
+            await pilot.pause(1.5)  # several redraw ticks and a process check would have come by now
             assert calls == {"draw": 0, "poll": 0}
-            assert [w["message"] for w in a.state.warnings] == ["late news"]  # its tail still reads
             app.pop_screen()
-            await pilot.pause(0.3)
-            assert app.screen is a and calls["draw"] >= 1 and calls["poll"] >= 1  # back on top: at once
+            await until(pilot, lambda: app.screen is a and calls["draw"] >= 1 and calls["poll"] >= 1, 5.0)  # at once
 
     asyncio.run(go())
