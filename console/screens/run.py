@@ -113,8 +113,7 @@ class RunScreen(Screen):
                                                "(a run started with `libreyolo train` prints to its own terminal)")
         self.run_worker(self._follow_events, thread=True, group="tail-events")
         self.run_worker(self._follow_log, thread=True, group="tail-log")
-        self.check_process()
-        self.set_interval(0.25, self.redraw)
+        self.set_interval(0.25, self.redraw)  # (the first process check comes with on_screen_resume, right after mount)
         self.set_interval(1.0, self._poll_process)
 
     def in_view(self) -> bool:
@@ -124,7 +123,8 @@ class RunScreen(Screen):
         return self in stack and all(isinstance(s, ModalScreen) for s in stack[stack.index(self) + 1 :])
 
     def on_screen_resume(self) -> None:
-        self._dirty = True  # back on top: show what arrived meanwhile at once
+        """Shown: first right after mount, then whenever it is back on top (what arrived meanwhile, at once)."""
+        self._dirty = True
         self.check_process()
         self.redraw()
 
