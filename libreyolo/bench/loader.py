@@ -54,7 +54,6 @@ def _modes(v: str) -> list[str]:
     return out
 
 
-
 def default_worker_counts(batch: int) -> list[int]:
     from libreyolo.data.loader import cpu_count, default_workers
 

@@ -22,7 +22,6 @@ MODES = {"eager": False, "graph": True, "full": "full", "compile": False, "compi
 KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer", "cudnn_benchmark"}
 
 
-
 def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import AugmentConfig, YOLODataset, collate
@@ -130,9 +129,13 @@ def run(argv: list[str]) -> int:
 
     kind, gpus = parse_device(cfg.device)
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    from libreyolo.engine.state import CUDNN_BENCHMARK_MIN_STEPS, cudnn_benchmark_for
+
+    # the training rule, for a run long enough that auto turns the timing on: a step as in a long run
+    cudnn_benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, CUDNN_BENCHMARK_MIN_STEPS)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = cfg.cudnn_benchmark is not False  # auto: a step as in a long run
+        torch.backends.cudnn.benchmark = cudnn_benchmark
     data, nc = _batch_on_device(cfg, cfg.batch, device)
     results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
     base = next((r["median_ms"] for r in results if r["mode"] == "eager"), None)
@@ -143,7 +146,7 @@ def run(argv: list[str]) -> int:
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # what the steps ran in (on a CPU: float32, whatever amp says)
     meta = {"model": cfg.model, "batch": cfg.batch, "imgsz": cfg.imgsz, "amp": amp.enabled, "amp_dtype": amp.dtype, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "targets_capacity": int(data["targets"].shape[1]), "cudnn_benchmark": cfg.cudnn_benchmark is not False, "date": time.strftime("%Y-%m-%d")}
+            "targets_capacity": int(data["targets"].shape[1]), "cudnn_benchmark": cudnn_benchmark, "date": time.strftime("%Y-%m-%d")}
     if as_json:
         print(json.dumps({"meta": meta, "results": results}))
         return 0

@@ -14,7 +14,6 @@ from libreyolo.engine.rundir import increment_run_dir
 KEYS = {"model", "imgsz", "device", "conf", "iou", "max_det", "project", "name"}
 
 
-
 def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         return show_help("predict", KEYS, {"source": "image, folder of images, or a comma-free list", "save": "write annotated images to runs/predict/exp", "json": "print detections as JSON lines"})
