@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from libreyolo.events import SCHEMA_VERSION
+from libreyolo.events import READABLE_VERSIONS
 
 CHUNK = 4 << 20  # bytes per read: a long run's file is delivered in pieces, so the UI stays responsive
 _HEAD = 256  # bytes remembered from the start of the file to notice a rewrite
@@ -117,7 +117,7 @@ def parse_event(line: str | bytes) -> dict[str, Any] | None:
         d = json.loads(line)
     except ValueError:
         return None
-    return d if isinstance(d, dict) and d.get("v") == SCHEMA_VERSION and "type" in d else None
+    return d if isinstance(d, dict) and d.get("v") in READABLE_VERSIONS and "type" in d else None
 
 
 Batch = TypeVar("Batch", LineBatch, EventBatch)

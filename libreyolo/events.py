@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# what readers (the console) still accept: version 1 files lack run_start's loss_terms and cuda_graph_mode/
+# cuda_graph_reason and val's eval_s, and a reader derives or omits them
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -48,7 +51,10 @@ class RunStart(Event):
     device: str
     amp: bool
     amp_dtype: str
-    cuda_graph: str
+    cuda_graph: str  # the cuda_graph key as given: auto | true | full | false
+    cuda_graph_mode: str  # what the run uses: full | true | false
+    cuda_graph_reason: str  # one line: why that mode
+    loss_terms: list[str]  # the family's loss terms, in order: the keys of every losses dict below
     workers: int
     optimizer: str
     steps_per_epoch: int
@@ -97,7 +103,8 @@ class Val(Event):
     map: float
     losses: dict[str, float]
     images: int
-    time_s: float
+    time_s: float  # forward, loss and NMS: the time validation held the training loop
+    eval_s: float  # the COCO evaluation (on a background thread while the next epoch trains)
 
 
 @dataclass

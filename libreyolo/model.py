@@ -86,7 +86,7 @@ class LibreYOLO:
             kwargs["data"] = data
         kwargs.setdefault("model", self.source)
         user_keys = set(kwargs)
-        cfg = TrainConfig.from_overrides(kwargs, defaults=self.family.defaults)
+        cfg = TrainConfig.from_overrides(kwargs, family=self.family)
         # several GPUs outside torchrun: one process per GPU (distributed/launch.py), each running this method
         from libreyolo.distributed.launch import spawn_ddp_train, spawn_plan
 

@@ -16,6 +16,7 @@ from libreyolo.data.dataset import read_image
 from libreyolo.distributed.device import parse_device
 from libreyolo.errors import DataError
 from libreyolo.eval.validator import to_input
+from libreyolo.nn.nms import split_detections
 
 
 @dataclass
@@ -74,7 +75,7 @@ def run_predict(model: Any, source: Any, conf: float = 0.25, iou: float = 0.7, i
             imgs.append(lb)
             metas.append((path, img, r, pad))
         x = to_input(torch.from_numpy(np.stack(imgs)), dev)
-        dets = model.family.postprocess(net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det)
+        dets = split_detections(model.family.postprocess(net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det), x.shape[0])
         for d, (path, img, r, (px, py)) in zip(dets, metas):
             h, w = img.shape[:2]
             boxes = d["boxes"].float().cpu()

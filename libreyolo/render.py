@@ -33,6 +33,7 @@ class RichRenderer:
         self._task = None
         self._last_plain = 0.0
         self._epochs = 0
+        self._terms: list[str] = []  # the family's loss terms, from run_start
 
     def __call__(self, e: ev.Event) -> None:
         handler = getattr(self, "_on_" + e.type, None)
@@ -46,11 +47,12 @@ class RichRenderer:
 
     # --- handlers -----------------------------------------------------------------------------------
     def _on_run_start(self, e: ev.RunStart) -> None:
-        self._epochs = e.epochs
+        self._epochs, self._terms = e.epochs, list(e.loss_terms)
         c = self.console
         c.print(f"[bold]libreyolo[/] {e.model} ({e.params / 1e6:.2f}M params, {e.nc} classes) on {e.device}" + (f" x{e.world_size}" if e.world_size > 1 else ""))
         c.print(f"  data {e.data}: {e.train_images} train / {e.val_images} val images, imgsz {e.imgsz}")
-        c.print(f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, {e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph}")
+        c.print(f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, {e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph_mode}")
+        c.print(f"  {e.cuda_graph_reason}")
         c.print(f"  run dir {e.run_dir}" + ("  [yellow](resumed)[/]" if e.resumed else ""))
 
     def _on_epoch_start(self, e: ev.EpochStart) -> None:
@@ -68,7 +70,7 @@ class RichRenderer:
 
     def _on_step(self, e: ev.Step) -> None:
         l = e.losses  # empty until the epoch's first asynchronous read-back has landed
-        losses = " ".join(f"{k} {l[k]:.3f}" if k in l else f"{k} -" for k in ("box", "cls", "dfl"))
+        losses = " ".join(f"{k} {l[k]:.3f}" if k in l else f"{k} -" for k in self._terms or l)
         stats = f"{losses} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else "")
         if self.plain:
             now = time.time()
@@ -81,17 +83,19 @@ class RichRenderer:
     def _on_val(self, e: ev.Val) -> None:
         self.close()
         t = Table(box=None, padding=(0, 2), show_edge=False)
-        for col in ("images", "P", "R", "mAP50", "mAP50-95", "val box/cls/dfl", "time"):
+        terms = self._terms or list(e.losses)
+        for col in ("images", "P", "R", "mAP50", "mAP50-95", "val " + "/".join(terms), "time"):
             t.add_column(col, justify="right")
         t.add_row(str(e.images), f"{e.precision:.3f}", f"{e.recall:.3f}", f"{e.map50:.3f}", f"{e.map:.3f}",
-                  "/".join(f"{e.losses.get(k, 0):.3f}" for k in ("box", "cls", "dfl")), f"{e.time_s:.1f}s")
+                  "/".join(f"{e.losses.get(k, 0):.3f}" for k in terms), f"{e.time_s:.1f}s")
         self.console.print(t)
 
     def _on_epoch_end(self, e: ev.EpochEnd) -> None:
         self.close()
         if self.plain:
             l = e.losses
-            self.console.print(f"  epoch {e.epoch + 1} done in {e.time_s:.1f}s ({e.img_s:.0f} img/s): box {l.get('box', 0):.3f} cls {l.get('cls', 0):.3f} dfl {l.get('dfl', 0):.3f}")
+            losses = " ".join(f"{k} {l.get(k, 0):.3f}" for k in self._terms or l)
+            self.console.print(f"  epoch {e.epoch + 1} done in {e.time_s:.1f}s ({e.img_s:.0f} img/s): {losses}")
 
     def _on_checkpoint(self, e: ev.Checkpoint) -> None:
         if e.kind in ("best", "interrupt"):

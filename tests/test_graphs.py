@@ -12,9 +12,11 @@ from libreyolo.engine import optim
 from libreyolo.engine.amp import resolve_amp
 from libreyolo.engine.capturable import CapturableUpdate
 from libreyolo.engine.flat import FlatParams
-from libreyolo.engine.graphs import GraphRunner, select_step
+from libreyolo.engine.graphs import GraphRunner
+from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.errors import ConfigError
 from libreyolo.events import read_events
+from libreyolo.families import NO_CAPTURE, WHOLE_NET, CapturePlan
 
 from conftest import FAST
 
@@ -38,23 +40,60 @@ def test_bf16_on_a_device_without_it_raises_at_setup():
 
 
 class _Fam:
-    name, capture_plan, supports_full_graph = "fake", "network", False
+    name, capture = "fake", CapturePlan(("",), full_step=False)
 
 
-@pytest.mark.parametrize("device,world,fam_plan,mode,needle", [
-    (CPU, 1, "network", True, "needs a CUDA device; training eager on cpu"),
-    (CUDA, 2, "network", True, "not used under DDP (2 processes)"),
-    (CUDA, 1, "", True, "family has no capture plan"),
-    (CUDA, 1, "network", "full", "does not support whole-step capture"),
+NET_ONLY = CapturePlan(("",), full_step=False)
+PARTS = CapturePlan(("backbone", "encoder"), full_step=False)
+
+
+@pytest.mark.parametrize("setting,device,world,plan,mode,needle", [
+    # auto: the fastest path the family and the run allow
+    ("auto", CUDA, 1, WHOLE_NET, "full", "whole step in one graph"),
+    ("auto", CUDA, 1, NET_ONLY, True, "network in a graph"),
+    ("auto", CUDA, 1, PARTS, True, "network in a graph"),
+    ("auto", CUDA, 1, NO_CAPTURE, False, "has no capture plan"),
+    ("auto", CPU, 1, WHOLE_NET, False, "need a CUDA device; training eager on cpu"),
+    ("auto", torch.device("mps"), 1, WHOLE_NET, False, "training eager on mps"),
+    ("auto", CUDA, 2, WHOLE_NET, False, "not used under DDP (2 processes)"),
+    # explicit values keep their meaning
+    (False, CUDA, 1, WHOLE_NET, False, "cuda_graph=false"),
+    (True, CUDA, 1, WHOLE_NET, True, "cuda_graph=true: the network in a graph"),
+    ("full", CUDA, 1, WHOLE_NET, "full", "cuda_graph=full: the whole step"),
+    ("full", CUDA, 1, NET_ONLY, False, "does not support whole-step capture"),
+    (True, CPU, 1, WHOLE_NET, False, "need a CUDA device"),
+    (True, CUDA, 2, WHOLE_NET, False, "not used under DDP"),
 ])
-def test_unusable_cuda_graph_falls_back_with_one_event(device, world, fam_plan, mode, needle):
+def test_cuda_graph_decision_table(setting, device, world, plan, mode, needle):
     fam = _Fam()
-    fam.capture_plan = fam_plan
+    fam.capture = plan
+    got, why = graph_mode(setting, fam, device, world)
+    assert got == mode and needle in why, why
+    assert why.startswith(f"cuda_graph={'auto' if setting == 'auto' else str(setting).lower()}")
+
+
+@pytest.mark.parametrize("device,world,plan,mode,needle", [
+    (CPU, 1, WHOLE_NET, True, "need a CUDA device; training eager on cpu"),
+    (CUDA, 2, WHOLE_NET, True, "not used under DDP (2 processes)"),
+    (CUDA, 1, NO_CAPTURE, True, "family has no capture plan"),
+    (CUDA, 1, NET_ONLY, "full", "does not support whole-step capture"),
+])
+def test_unusable_explicit_cuda_graph_falls_back_with_one_event(device, world, plan, mode, needle):
+    fam = _Fam()
+    fam.capture = plan
     cfg = TrainConfig.from_overrides({"cuda_graph": mode})
     seen = []
     eager = object()
-    assert select_step(eager, None, cfg, fam, device, world, seen.append) is eager
+    runner, used, why = select_step(eager, None, cfg, fam, device, world, seen.append)
+    assert runner is eager and used is False and needle in why
     assert len(seen) == 1 and seen[0].type == "graph" and seen[0].action == "fallback" and needle in seen[0].reason
+
+
+def test_auto_that_finds_nothing_to_capture_emits_no_fallback_event():
+    seen = []
+    eager = object()
+    runner, used, why = select_step(eager, None, TrainConfig.from_overrides({}), _Fam(), CPU, 1, seen.append)
+    assert runner is eager and used is False and "eager on cpu" in why and not seen
 
 
 def test_cpu_training_with_cuda_graph_trains_eager_with_one_line(tiny_data, tmp_path):
@@ -125,6 +164,7 @@ def test_invalidate_drops_graphs_and_recaptures_once_stable():
     for _ in range(3):
         _step(r, (8, 64, 64, 3))
     assert [e.action for e in r.log] == ["capture", "invalidate", "recapture"]
+    assert r.log[-1].reason.startswith("re-captured: mosaic closed: the head computes something else; captured")
     assert [k for k, _ in r.ran] == ["eager", "eager", "graph", "eager", "eager", "graph"]
 
 

@@ -47,7 +47,7 @@ class Spy:
 def train_with_spy(data, project, **kw):
     m = LibreYOLO("LibreYOLO9t")
     args = {**TINY, "data": str(data), "project": str(project), **kw}
-    cfg = TrainConfig.from_overrides(args, defaults=m.family.defaults)
+    cfg = TrainConfig.from_overrides(args, family=m.family)
     trainer = Trainer(m, cfg, set(args))
     spy = trainer.after_step = Spy()
     trainer.train()

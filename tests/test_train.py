@@ -14,7 +14,6 @@ import torch
 
 from libreyolo import LibreYOLO
 from libreyolo.engine.checkpoint import load_checkpoint
-from libreyolo.engine.rundir import RESULTS_COLUMNS
 from libreyolo.events import read_events, validate_event
 
 from conftest import FAST
@@ -61,7 +60,10 @@ def test_run_folder_events_and_results_csv(tiny_data, tmp_path):
     assert [e.type for e in seen] == types  # callbacks get exactly what the file gets
     with open(run / "results.csv") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == RESULTS_COLUMNS and [r[0] for r in rows[1:]] == ["1", "2"]
+    assert rows[0] == [  # the Ultralytics layout, built from YOLOv9's loss terms and three parameter groups
+        "epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)", "metrics/recall(B)",
+        "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss", "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2"]
+    assert [r[0] for r in rows[1:]] == ["1", "2"]
     # a second run does not overwrite the first
     m2, _ = _train(tiny_data, tmp_path, epochs=1)
     assert m2.last_run.name == "exp2"

@@ -40,7 +40,7 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
     under autocast) and its loss wrapped in torch.compile (default mode, static shapes); the optimizer and the EMA
     stay eager. compile-net compiles the forward only."""
     from libreyolo.engine.components import build_step_parts
-    from libreyolo.engine.graphs import select_step
+    from libreyolo.engine.runners import select_step
     from libreyolo.families import parse_model_name
 
     family, size = parse_model_name(cfg.model)
@@ -54,7 +54,7 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
         if mode == "compile":
             eager.loss_fn = torch.compile(eager.loss_fn, dynamic=False)
         return eager, parts
-    return select_step(eager, parts, cfg, family, device, 1, emit or (lambda e: None)), parts
+    return select_step(eager, parts, cfg, family, device, 1, emit or (lambda e: None))[0], parts
 
 
 def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc: int, steps: int, warmup: int, kernels: bool) -> dict[str, Any]:

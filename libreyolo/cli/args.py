@@ -6,17 +6,19 @@ from typing import Any
 
 import yaml
 
-from libreyolo.config import TrainConfig, _bool, unknown_key_message
+from libreyolo.config import TrainConfig, unknown_key_message
 from libreyolo.errors import ConfigError
+from libreyolo.keys import boolean
 
-flag = _bool  # an `extra` parser for command switches (json=true, save=1): TrainConfig's own booleans
+flag = boolean  # an `extra` parser for command switches (json=true, save=1): TrainConfig's own booleans
 
 
 def parse_kv(argv: list[str], allowed: set[str] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """['epochs=3', 'device=0,1'] -> {'epochs': 3, 'device': '0,1'}. Values are YAML-ish scalars; keys must
-    be TrainConfig keys (optionally restricted to `allowed`) or one of `extra` (name -> parser)."""
+    be TrainConfig keys or a family's keys (optionally restricted to `allowed`) or one of `extra` (name ->
+    parser). Whether a family key suits the model is checked when the run's config is made."""
     extra = extra or {}
-    valid = sorted((allowed if allowed is not None else set(TrainConfig.keys())) | set(extra))
+    valid = sorted((allowed if allowed is not None else set(TrainConfig.all_keys())) | set(extra))
     out: dict[str, Any] = {}
     for arg in argv:
         if "=" not in arg:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from libreyolo.config import TrainConfig
 from libreyolo.data.shapes import DEMO_SETTINGS
+from libreyolo.families import get_family
 
 GROUPS = {
     "run": "Run", "optim": "Optimisation", "loss": "Loss", "augment": "Augmentation",
@@ -11,12 +12,21 @@ GROUPS = {
 }
 
 
+def group_title(group: str) -> str:
+    """A spec group's heading; a family's own keys are headed by the family and its model names."""
+    if group.startswith("family:"):
+        fam = get_family(group[len("family:"):])
+        return f"{fam.name} family keys ({', '.join(fam.models)})"
+    return GROUPS.get(group, group)
+
+
 def hyperparameters_markdown() -> str:
     lines = [
         "# Hyperparameters",
         "",
         "Every key of `libreyolo train key=value` and `LibreYOLO(...).train(key=value)`, generated from",
-        "`libreyolo/config.py` (`TrainConfig`). A family may override a default (YOLOv9: `amp=true`).",
+        "`libreyolo/config.py` (`TrainConfig`) and each model family's own keys (`Family.keys`), which only",
+        "that family's models take. A family may also override a shared default (`Family.defaults`).",
         "The built-in dataset (`data=shapes`) suggests "
         + " ".join(f"`{k}={v}`" for k, v in DEMO_SETTINGS.items())
         + " for each of those keys you do not set.",
@@ -28,7 +38,7 @@ def hyperparameters_markdown() -> str:
             if group is not None:
                 lines.append("")
             group = grp
-            lines += [f"## {GROUPS.get(grp, grp)}", "", "| key | default | meaning |", "| --- | --- | --- |"]
+            lines += [f"## {group_title(grp)}", "", "| key | default | meaning |", "| --- | --- | --- |"]
         lines.append(f"| `{key}` | `{default}` | {help_} |")
     lines += ["", "Python only: `callbacks=[fn, ...]`, callables that receive every event (see events.md).", ""]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from libreyolo.cli.docs import group_title
 from libreyolo.config import TrainConfig
 
 
@@ -20,7 +21,7 @@ def show_help(command: str, keys: set[str] | None = None, extra: dict[str, str] 
         if keys is not None and key not in keys:
             continue
         if grp != group and keys is None:
-            table.add_row(f"[dim]# {grp}[/]", "", "")
+            table.add_row(f"[dim]# {group_title(grp)}[/]", "", "")
             group = grp
         table.add_row(key, repr(default) if isinstance(default, str) else str(default), help_)
     for key, help_ in (extra or {}).items():

@@ -93,7 +93,7 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
     if os.environ.get(SPAWNED_ENV):
         raise DistributedError(GUARD_MESSAGE)
     family = model.family
-    cfg = TrainConfig.from_overrides(kwargs, defaults=family.defaults)
+    cfg = TrainConfig.from_overrides(kwargs, family=family)
     if not family.supports_ddp:
         raise ConfigError(family_message(family.name, cfg.device, nprocs))
     check_picklable(kwargs, cfg.device)

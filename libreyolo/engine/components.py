@@ -51,7 +51,7 @@ def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device
     iterations = -(-n_train // max(batch, cfg.nbs)) * cfg.epochs
     name, lr0, momentum = optim.resolve_optimizer(cfg, net.nc, iterations)
     decay = cfg.weight_decay * batch * accumulate / cfg.nbs
-    optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device)
+    optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device, family.param_groups)
     ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
     flat_params = FlatParams(train_net, amp.autocast_dtype, channels_last) if flat else None
     return StepParts(

@@ -88,6 +88,13 @@ class FlatParams:
             self.flat_grad[sl].add_(torch.cat(parts))
             k0 += len(proxies)
 
+    @torch.no_grad()
+    def accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
+        """Add gradients of the named parameters' stand-ins (computed elsewhere: a captured submodule's backward
+        graph) into the flat fp32 gradient buffer."""
+        masters = dict(zip(self.names, self.params))
+        torch._foreach_add_([masters[n].grad for n in names], [g.float() for g in grads])
+
     def zero_grad(self) -> None:
         self.flat_grad.zero_()
 

@@ -36,6 +36,7 @@ class FullGraphStep(GraphRunner):
 
     def __init__(self, eager: EagerStep, parts: Any, cfg: Any, emit: Callable[[ev.Event], None], device: torch.device):
         super().__init__(eager, emit, device)
+        self.captures_loss = True
         self.update = CapturableUpdate(parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, eager.flat, device)
         self.capacity = 4
         self.pool = None

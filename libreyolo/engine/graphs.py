@@ -14,6 +14,8 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.engine.step import NO_PHASES, EagerStep
+from libreyolo.engine.subgraphs import SubmoduleGraphs
+from libreyolo.families import WHOLE_NET, CapturePlan
 
 STABLE_AFTER = 3  # capture on the 3rd consecutive sighting of a shape
 MAX_GRAPHS = 4  # shapes (and micro/boundary variants) kept captured at once
@@ -36,6 +38,8 @@ class GraphRunner:
         self.disabled = False
         self.eager_shapes: set[tuple] = set()
         self.captures = 0
+        self.captures_loss = False
+        self._why_next: str | None = None  # why the graphs were dropped: the next capture event says it
         self._side: torch.cuda.Stream | None = None
 
     # subclass interface
@@ -111,9 +115,10 @@ class GraphRunner:
         after = vram_mb(self.device) if cuda else (0.0, 0.0)
         self.graphs[key] = graph
         self.captures += 1
+        why = f"re-captured: {self._why_next}; " if self._why_next else ""
         self.emit(ev.Graph(
             action="capture" if self.captures == 1 else "recapture", mode=self.mode,
-            reason=f"captured {self.describe(key)} after {STABLE_AFTER} steps of shape {list(key[:4])}", shape=list(key[:4]),
+            reason=f"{why}captured {self.describe(key)} after {STABLE_AFTER} steps of shape {list(key[:4])}", shape=list(key[:4]),
             allocated_before_mb=before[0], allocated_after_mb=after[0], reserved_before_mb=before[1], reserved_after_mb=after[1],
             delta_allocated_mb=after[0] - before[0], delta_reserved_mb=after[1] - before[1],
         ))
@@ -128,10 +133,12 @@ class GraphRunner:
         self.emit(ev.Graph(action="fallback", mode=self.mode, reason=reason, shape=list(shape[:4]) if shape else None))
 
     def invalidate(self, reason: str, shape: tuple | None = None) -> None:
-        """Drop every graph (a family hook calls this when what the network computes changes; the full-step
-        runner when the target capacity grows); shapes are counted again and captured anew once stable."""
+        """Drop every graph (a family hook calls this when what a captured step computes changes; the full-step
+        runner when the target capacity grows); shapes are counted again and captured anew once stable, and
+        that capture's event repeats the reason."""
         self.graphs.clear()
         self.last_shape, self.repeats = None, 0
+        self._why_next = reason
         self.emit(ev.Graph(action="invalidate", mode=self.mode, reason=reason, shape=list(shape) if shape else None))
 
     # passthroughs the trainer uses
@@ -161,12 +168,24 @@ class _NetGraph:
 
 
 class NetworkGraphStep(GraphRunner):
-    """cuda_graph=True: the family's capture plan (for YOLOv9 the whole network, auxiliary head included) in two
-    graphs; the loss, the optimizer step, clipping, the EMA and the LR schedule stay eager."""
+    """cuda_graph=True: what the family's capture plan names in forward and backward graphs (for YOLOv9 the whole
+    train net, auxiliary head included; or a list of submodules, subgraphs.py, with the rest eager); the loss,
+    the optimizer step, clipping, the EMA and the LR schedule stay eager."""
 
     mode = "network"
 
-    def capture(self, key: tuple, img, targets, mask, boundary) -> _NetGraph:
+    def __init__(self, eager: EagerStep, emit: Callable[[ev.Event], None], device: torch.device, plan: CapturePlan = WHOLE_NET):
+        super().__init__(eager, emit, device)
+        self.parts = None if plan.whole_net else SubmoduleGraphs(eager, plan.modules)
+
+    def describe(self, key: tuple) -> str:
+        if self.parts is not None:
+            return f"the forward and backward of {', '.join(self.parts.names)} (the rest eager)"
+        return super().describe(key)
+
+    def capture(self, key: tuple, img, targets, mask, boundary) -> Any:
+        if self.parts is not None:
+            return self.parts.capture(img)
         e = self.eager
         # the backward graph accumulates into .grad in place, so the buffers must exist and never be freed:
         # real gradient accumulation over micro-batches (nbs) then works as in eager mode
@@ -192,7 +211,10 @@ class NetworkGraphStep(GraphRunner):
         g.outs = tuple(o.detach() for o in g.outs)
         return g
 
-    def replay(self, g: _NetGraph, img, targets, mask, boundary, phases) -> torch.Tensor:
+    def replay(self, g: Any, img, targets, mask, boundary, phases) -> torch.Tensor:
+        if self.parts is not None:
+            with self.parts.active(g):
+                return self.eager(img, targets, mask, boundary, phases)
         e = self.eager
         with phases("forward"):
             g.x.copy_(img.permute(0, 3, 1, 2)).div_(255.0)
@@ -208,29 +230,3 @@ class NetworkGraphStep(GraphRunner):
         if boundary:
             e.update(phases)
         return items
-
-
-def select_step(eager: EagerStep, parts: Any, cfg: Any, family: Any, device: torch.device, world_size: int,
-                emit: Callable[[ev.Event], None]) -> Any:
-    """The step runner for cfg.cuda_graph, or the eager step with one `graph` event saying why not."""
-    mode = cfg.cuda_graph
-    if mode is False:
-        return eager
-    name = "full" if mode == "full" else "network"
-    reason = None
-    if device.type != "cuda":
-        reason = f"cuda_graph={str(mode).lower()} needs a CUDA device; training eager on {device.type}"
-    elif world_size > 1:  # (also the only case without flat parameter storage, which both graph modes use)
-        reason = f"cuda_graph={str(mode).lower()} is not used under DDP ({world_size} processes); training eager"
-    elif not family.capture_plan:
-        reason = f"the {family.name} family has no capture plan; training eager"
-    elif mode == "full" and not family.supports_full_graph:
-        reason = f"the {family.name} family does not support whole-step capture; training eager"
-    if reason:
-        emit(ev.Graph(action="fallback", mode=name, reason=reason))
-        return eager
-    if mode == "full":
-        from libreyolo.engine.fullstep import FullGraphStep
-
-        return FullGraphStep(eager, parts, cfg, emit, device)
-    return NetworkGraphStep(eager, emit, device)

@@ -1,17 +1,19 @@
-"""Optimizer construction (three parameter groups, as the Ultralytics results columns expect) and LR schedule."""
+"""Optimizer construction and the default LR schedule. A family may bring its own parameter groups and schedule
+(Family.param_groups, Family.schedule); the default is the Ultralytics layout: biases, weights, norm weights."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 
-def param_groups(model: nn.Module) -> tuple[list, list, list]:
-    """-> biases (pg0, no decay), weights (pg1, decay), normalisation weights (pg2, no decay)."""
+def param_groups(model: nn.Module) -> list[dict[str, Any]]:
+    """-> biases (pg0, no decay, warm-up from warmup_bias_lr), weights (pg1, decay), normalisation weights (pg2,
+    no decay). A group is {"params", "decay": bool, "bias": bool}; what a family's param_groups hook returns too."""
     biases, weights, norm = [], [], []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
@@ -23,7 +25,7 @@ def param_groups(model: nn.Module) -> tuple[list, list, list]:
                 norm.append(p)
             else:
                 weights.append(p)
-    return biases, weights, norm
+    return [{"params": biases, "decay": False, "bias": True}, {"params": weights, "decay": True}, {"params": norm, "decay": False}]
 
 
 def resolve_optimizer(cfg: Any, nc: int, iterations: int) -> tuple[str, float, float]:
@@ -35,21 +37,27 @@ def resolve_optimizer(cfg: Any, nc: int, iterations: int) -> tuple[str, float, f
     return "AdamW", round(0.002 * 5 / (4 + nc), 6), 0.9
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, decay: float, device: torch.device) -> torch.optim.Optimizer:
-    biases, weights, norm = param_groups(model)
+def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, decay: float, device: torch.device,
+                    groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None) -> torch.optim.Optimizer:
+    """groups: the family's param_groups hook (default: param_groups above); `decay` applies to groups marked so."""
+    spec = (groups or param_groups)(model)
+    plain = [{"params": g["params"], "weight_decay": decay if g.get("decay") else 0.0, "bias": bool(g.get("bias"))} for g in spec]
     # foreach implementations: one launch per group per op instead of one per tensor
     kw: dict[str, Any] = {"foreach": True}
     if name == "SGD":
-        opt = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, **kw)
+        opt = torch.optim.SGD(plain, lr=lr, momentum=momentum, nesterov=True, **kw)
     elif name == "AdamW":
-        opt = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0, **kw)
+        opt = torch.optim.AdamW(plain, lr=lr, betas=(momentum, 0.999), **kw)
     else:
         raise ValueError(f"optimizer {name!r}: use SGD, AdamW or auto")
-    opt.add_param_group({"params": weights, "weight_decay": decay})
-    opt.add_param_group({"params": norm, "weight_decay": 0.0})
     for g in opt.param_groups:
         g["initial_lr"] = lr
     return opt
+
+
+def reported_lr(opt: torch.optim.Optimizer) -> float:
+    """The LR a progress line shows: that of the group holding the most weights."""
+    return max(opt.param_groups, key=lambda g: sum(p.numel() for p in g["params"]))["lr"]
 
 
 def lr_factor(epoch: float, epochs: int, lrf: float, cosine: bool) -> float:
@@ -60,14 +68,14 @@ def lr_factor(epoch: float, epochs: int, lrf: float, cosine: bool) -> float:
     return (1 - x) * (1.0 - lrf) + lrf
 
 
-def apply_schedule(opt: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int, momentum: float) -> None:
+def apply_schedule(opt: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int, momentum: float, steps_per_epoch: int = 0) -> None:
     """Set each group's LR (and momentum during warm-up) for global iteration ni of epoch."""
     target = lr_factor(epoch, cfg.epochs, cfg.lrf, cfg.cos_lr)
-    for j, g in enumerate(opt.param_groups):
+    for g in opt.param_groups:
         lr = g["initial_lr"] * target
         if ni < warmup_iters:
-            # biases (pg0) fall from warmup_bias_lr, the other groups rise from 0
-            lr = float(np.interp(ni, [0, warmup_iters], [cfg.warmup_bias_lr if j == 0 else 0.0, lr]))
+            # biases fall from warmup_bias_lr, the other groups rise from 0
+            lr = float(np.interp(ni, [0, warmup_iters], [cfg.warmup_bias_lr if g.get("bias") else 0.0, lr]))
             m = float(np.interp(ni, [0, warmup_iters], [cfg.warmup_momentum, momentum]))
             if "momentum" in g:
                 g["momentum"] = m

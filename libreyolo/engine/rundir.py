@@ -10,11 +10,22 @@ from typing import Any
 
 import yaml
 
-RESULTS_COLUMNS = [
-    "epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss",
-    "metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)",
-    "val/box_loss", "val/cls_loss", "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2",
-]
+METRIC_COLUMNS = ["metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)"]
+
+
+def results_columns(loss_terms: list[str] | tuple[str, ...], param_groups: int) -> list[str]:
+    """The Ultralytics layout, built from the family's loss terms and the optimizer's parameter groups."""
+    return (["epoch", "time", *(f"train/{t}_loss" for t in loss_terms), *METRIC_COLUMNS, *(f"val/{t}_loss" for t in loss_terms)]
+            + [f"lr/pg{j}" for j in range(param_groups)])
+
+
+def results_row(epoch: int, time_s: float, train_losses: dict[str, float], metrics: dict[str, float], val_losses: dict[str, float],
+                lrs: list[float]) -> dict[str, float]:
+    """One results.csv row; metrics holds precision, recall, map50, map."""
+    row = {"epoch": epoch, "time": round(time_s, 1), **{f"train/{t}_loss": v for t, v in train_losses.items()},
+           **{f"val/{t}_loss": v for t, v in val_losses.items()}, **{f"lr/pg{j}": lr for j, lr in enumerate(lrs)}}
+    row.update(zip(METRIC_COLUMNS, (metrics["precision"], metrics["recall"], metrics["map50"], metrics["map"])))
+    return row
 
 
 def increment_run_dir(project: str | os.PathLike, name: str, exist_ok: bool) -> Path:
@@ -41,13 +52,13 @@ def write_args(run_dir: Path, args: dict[str, Any]) -> None:
     (run_dir / "args.yaml").write_text(yaml.safe_dump(clean, sort_keys=False))
 
 
-def append_results(path: Path, row: dict[str, float]) -> None:
+def append_results(path: Path, row: dict[str, float], columns: list[str]) -> None:
     new = not path.exists()
     with open(path, "a", newline="") as f:
         w = csv.writer(f)
         if new:
-            w.writerow(RESULTS_COLUMNS)
-        w.writerow([_fmt(row.get(c, "")) for c in RESULTS_COLUMNS])
+            w.writerow(columns)
+        w.writerow([_fmt(row.get(c, "")) for c in columns])
 
 
 def _fmt(v: Any) -> Any:

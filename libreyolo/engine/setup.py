@@ -21,13 +21,15 @@ from libreyolo.data.labels import LabelSet, scan_labels
 from libreyolo.data.loader import TrainBatchSampler, default_workers, train_loader, val_loader
 from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
-from libreyolo.engine import autobatch
+from libreyolo.engine import autobatch, optim
 from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.engine.components import build_step_parts
 from libreyolo.engine.ema import ModelEMA
-from libreyolo.engine.graphs import select_step
+from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES, select_step
 from libreyolo.engine.meters import LossMeter
+from libreyolo.engine.step import StepRunner
+from libreyolo.families import Family, ScheduleFn, get_family
 from libreyolo.engine.rundir import increment_run_dir, write_args
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
 from libreyolo.errors import CheckpointError, ConfigError, DataError
@@ -40,7 +42,7 @@ RESUME_OVERRIDABLE = {"device", "workers", "log_interval"}
 @dataclass
 class TrainSetup:
     cfg: TrainConfig
-    family: Any
+    family: Family
     size: str
     names: list[str]
     net: nn.Module
@@ -53,7 +55,10 @@ class TrainSetup:
     lr0: float
     momentum: float
     ema: ModelEMA | None
-    step: Any  # EagerStep or a CUDA-graph runner (engine/graphs.py)
+    step: StepRunner  # EagerStep or a CUDA-graph runner (engine/graphs.py, fullstep.py)
+    graph_mode: bool | str  # what cuda_graph the run uses (auto resolved): "full", True or False
+    graph_reason: str  # one line: why
+    schedule: ScheduleFn  # the family's LR schedule, or the default
     val_loss: Callable
     train_loader: torch.utils.data.DataLoader
     val_loader: torch.utils.data.DataLoader
@@ -96,7 +101,8 @@ class TrainSetup:
             nc=len(self.names), names=self.names, data=str(self.data.yaml_path), epochs=c.epochs, start_epoch=self.start_epoch,
             batch=self.batch_per_rank * self.world_size, batch_per_rank=self.batch_per_rank, accumulate=self.accumulate,
             world_size=self.world_size, imgsz=c.imgsz, device=str(self.device), amp=self.amp.enabled, amp_dtype=self.amp.dtype,
-            cuda_graph=str(c.cuda_graph).lower(), workers=self.workers,
+            cuda_graph=str(c.cuda_graph).lower(), cuda_graph_mode=GRAPH_MODE_NAMES[self.graph_mode], cuda_graph_reason=self.graph_reason,
+            loss_terms=list(self.family.loss_terms), workers=self.workers,
             optimizer=f"{self.optimizer_name}(lr={self.lr0:g}, momentum={self.momentum:g})", steps_per_epoch=self.sampler.batches_per_epoch(),
             train_images=self.train_images, val_images=self.val_images, params=sum(p.numel() for p in self.net.parameters()),
             pid=os.getpid(), resumed=self.resumed, config={k: v for k, v in c.to_dict().items()},
@@ -138,7 +144,7 @@ def _resume_config(trainer: Any) -> dict[str, Any]:
         raise CheckpointError(f"{path} already finished all {args['epochs']} epochs; nothing to resume. Start a new run with model={path}")
     args.update({k: getattr(cfg, k) for k in trainer.user_keys & RESUME_OVERRIDABLE})
     args["resume"] = str(path)
-    trainer.cfg = TrainConfig.from_overrides(args)
+    trainer.cfg = TrainConfig.from_overrides(args, family=get_family(ckpt["family"]))
     trainer.cfg.callbacks = cfg.callbacks
     trainer.model.load_record(ckpt)
     return ckpt
@@ -205,7 +211,7 @@ def build_setup(trainer: Any) -> TrainSetup:
     parts.train_net = distributed.sync_batchnorm(parts.train_net, dist, device, cfg.sync_bn, batch_per_rank, notes)
     eager = parts.eager_step(cfg.grad_clip)
     eager.net = dist.wrap(parts.train_net, device)  # the step runs DDP; checkpoints and the EMA keep the plain module
-    step = select_step(eager, parts, cfg, family, device, dist.world_size, trainer.emit)
+    step, graph_mode, graph_reason = select_step(eager, parts, cfg, family, device, dist.world_size, trainer.emit)
 
     if ckpt is not None:
         run_dir = Path(ckpt["train"]["run_dir"])
@@ -219,7 +225,8 @@ def build_setup(trainer: Any) -> TrainSetup:
     s = TrainSetup(
         cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=parts.train_net, device=device,
         amp=parts.amp, scaler=parts.scaler, optimizer=parts.optimizer, optimizer_name=parts.optimizer_name, lr0=parts.lr0,
-        momentum=parts.momentum, ema=parts.ema, step=step, val_loss=family.loss(net, cfg),
+        momentum=parts.momentum, ema=parts.ema, step=step, graph_mode=graph_mode, graph_reason=graph_reason,
+        schedule=family.schedule or optim.apply_schedule, val_loss=family.loss(net, cfg),
         train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch_per_rank, accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,
         run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device), notes=notes,

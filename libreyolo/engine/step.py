@@ -6,7 +6,7 @@ these names; `phases` is a no-op object unless the profiler swaps in its own for
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 from torch import nn
@@ -27,6 +27,25 @@ class NoPhases:
 
 
 NO_PHASES = NoPhases()
+
+
+class StepRunner(Protocol):
+    """What the trainer calls for a step: EagerStep, or a CUDA-graph runner (graphs.py, fullstep.py)."""
+
+    skipped: torch.Tensor | None  # float16 optimizer steps skipped for inf/NaN gradients since last read (device)
+    captures_loss: bool  # whether a captured graph holds the loss (a change to the loss then needs a re-capture)
+
+    def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = ...) -> torch.Tensor:
+        """One micro-step (an optimizer step too when boundary); -> the detached loss terms."""
+
+    def sync(self) -> None:
+        """Bring device-side counters to the host (before a checkpoint)."""
+
+    def reload(self) -> None:
+        """Refresh what derives from the weights after they were loaded (resume)."""
+
+    def invalidate(self, reason: str) -> None:
+        """What the step computes changed (a family hook): drop captured graphs; they are captured anew."""
 
 
 def normalize(img: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
@@ -55,6 +74,7 @@ class EagerStep:
         self.flat = flat  # flat master weights + half stand-ins (engine/flat.py); None under DDP
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.grads_to_none = True  # graph runners keep .grad buffers alive (their graphs write into them)
+        self.captures_loss = False
         self.skipped: torch.Tensor | None = None  # fp16 steps the scaler skipped (inf/NaN gradients), on device
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -88,6 +108,9 @@ class EagerStep:
 
     def sync(self) -> None:
         """Graph runners bring device-side counters to the host here, before a checkpoint."""
+
+    def invalidate(self, reason: str) -> None:
+        """Nothing captured: the next step computes whatever the loss and network compute now."""
 
     def reload(self) -> None:
         """After weights were loaded into the parameters (resume): refresh what is derived from them."""

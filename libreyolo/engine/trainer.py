@@ -16,7 +16,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
 from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
 from libreyolo.engine.meters import LossMeter, Throughput
-from libreyolo.engine.rundir import append_results
+from libreyolo.engine.rundir import append_results, results_columns, results_row
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.state import model_record, restore_rng, rng_state
 from libreyolo.engine.step import NO_PHASES
@@ -158,7 +158,7 @@ class Trainer:
                 break
             data_s = time.perf_counter() - t
             self._note_bad(batch["bad"])
-            optim.apply_schedule(s.optimizer, cfg, epoch, epoch * nb + i, s.warmup_iters, s.momentum)
+            s.schedule(s.optimizer, cfg, epoch, epoch * nb + i, s.warmup_iters, s.momentum, nb)
             with ph("to_device"):
                 img = batch["img"].to(s.device, non_blocking=True)
                 targets = batch["targets"].to(s.device, non_blocking=True)
@@ -186,12 +186,12 @@ class Trainer:
         s = self.s
         self.writer.drain()  # checkpoint events of the writes that landed meanwhile
         s.meter.request()
-        losses = dict(zip(("box", "cls", "dfl"), s.meter.poll()))
+        losses = dict(zip(s.family.loss_terms, s.meter.poll()))
         done = (epoch - s.start_epoch) * nb + (i - start)
         total = (self.cfg.epochs - s.start_epoch) * nb - start
         eta = thr.steady_step_ms / 1000 * (total - done)
         mem = torch.cuda.memory_reserved(s.device) / 1e9 if s.device.type == "cuda" else 0.0
-        self.emit(ev.Step(epoch=epoch, step=i, steps=nb, losses=losses, lr=s.optimizer.param_groups[1]["lr"],
+        self.emit(ev.Step(epoch=epoch, step=i, steps=nb, losses=losses, lr=optim.reported_lr(s.optimizer),
                           img_s=thr.img_s * s.world_size, data_frac=thr.data_frac, step_ms=thr.step_ms, gpu_mem_gb=mem, eta_s=eta))
 
     def _note_bad(self, paths: list[str]) -> None:
@@ -203,7 +203,7 @@ class Trainer:
     def _end_epoch(self, epoch: int) -> dict[str, Any]:
         s, cfg = self.s, self.cfg
         t_epoch = time.time()
-        losses = dict(zip(("box", "cls", "dfl"), s.dist.mean(s.meter.final(), s.device)))  # all ranks' images
+        losses = dict(zip(s.family.loss_terms, s.dist.mean(s.meter.final(), s.device)))  # all ranks' images
         lrs = {f"pg{j}": g["lr"] for j, g in enumerate(s.optimizer.param_groups)}
         metrics: dict[str, Any] = {}
         fitness = None
@@ -211,17 +211,11 @@ class Trainer:
             net = s.ema.ema if s.ema is not None else s.net
             v = validate(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det, s.amp.autocast_dtype, cfg.channels_last)
             self._note_bad(v["bad"])
-            self.emit(ev.Val(epoch=epoch, precision=v["precision"], recall=v["recall"], map50=v["map50"], map=v["map"], losses=v["losses"], images=v["images"], time_s=v["time_s"]))
+            self.emit(ev.Val(epoch=epoch, precision=v["precision"], recall=v["recall"], map50=v["map50"], map=v["map"], losses=v["losses"], images=v["images"], time_s=v["time_s"], eval_s=v["eval_s"]))
             fitness = 0.1 * v["map50"] + 0.9 * v["map"]
             metrics = {"precision": v["precision"], "recall": v["recall"], "map50": v["map50"], "map": v["map"], "fitness": fitness}
-            append_results(s.run_dir / "results.csv", {
-                "epoch": epoch + 1, "time": round(time.time() - s.t_start, 1),
-                "train/box_loss": losses["box"], "train/cls_loss": losses["cls"], "train/dfl_loss": losses["dfl"],
-                "metrics/precision(B)": v["precision"], "metrics/recall(B)": v["recall"],
-                "metrics/mAP50(B)": v["map50"], "metrics/mAP50-95(B)": v["map"],
-                "val/box_loss": v["losses"]["box"], "val/cls_loss": v["losses"]["cls"], "val/dfl_loss": v["losses"]["dfl"],
-                **{f"lr/{k}": val for k, val in lrs.items()},
-            })
+            append_results(s.run_dir / "results.csv", results_row(epoch + 1, time.time() - s.t_start, losses, v, v["losses"], list(lrs.values())),
+                           results_columns(s.family.loss_terms, len(lrs)))
         fitness, metrics = s.dist.broadcast((fitness, metrics))  # every rank agrees on best and early stopping
         improved = fitness is not None and (self.best_fitness is None or fitness > self.best_fitness)
         if improved:

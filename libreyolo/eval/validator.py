@@ -12,6 +12,7 @@ from torch import nn
 from libreyolo.data.dataset import YOLODataset
 from libreyolo.engine.step import normalize
 from libreyolo.eval.coco import CocoAccumulator
+from libreyolo.nn.nms import split_detections
 
 
 def to_input(img: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
@@ -33,13 +34,14 @@ def validate(
     autocast_dtype: torch.dtype | None = None,
     channels_last: bool = False,
 ) -> dict[str, Any]:
-    """-> precision, recall, map50, map, losses {box, cls, dfl}, images, time_s, bad (unreadable files)."""
+    """-> precision, recall, map50, map, losses {term: value} (the family's loss terms), images, time_s (all of it),
+    eval_s (the COCO evaluation), bad (unreadable files)."""
     t0 = time.time()
     was_training = net.training
     net.eval()
     dataset: YOLODataset = loader.dataset
     acc = CocoAccumulator(names)
-    loss_sum = torch.zeros(3, device=device)
+    loss_sum = torch.zeros(len(family.loss_terms), device=device)
     batches, bad = 0, []
     for batch in loader:
         bad.extend(batch["bad"])
@@ -50,9 +52,9 @@ def validate(
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             raw = net(x)
         if loss_fn is not None:
-            _, items = loss_fn((raw,), batch["targets"].to(device), batch["mask"].to(device), imgsz, 1.0)
+            _, items = loss_fn(raw, batch["targets"].to(device), batch["mask"].to(device), imgsz, 1.0)
             loss_sum += items
-        dets = family.postprocess(net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=True)
+        dets = split_detections(family.postprocess(net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=True), x.shape[0])
         for k, d in enumerate(dets):
             i = int(batch["index"][k])
             s, (px, py) = float(batch["scale"][k]), batch["pad"][k].tolist()
@@ -65,10 +67,12 @@ def validate(
             gt = np.concatenate([lab[:, :1], _cxcywh_to_xyxy(lab[:, 1:]) * (w0, h0, w0, h0)], 1)
             acc.add(i, (h0, w0), gt, boxes, d["scores"].float().cpu().numpy(), d["classes"].cpu().numpy())
         batches += 1
+    t_eval = time.time()
     metrics = acc.evaluate()
     losses = (loss_sum / max(batches, 1)).tolist()
     net.train(was_training)
-    return {**metrics, "losses": dict(zip(("box", "cls", "dfl"), losses)), "images": len(acc.images), "time_s": time.time() - t0, "bad": bad}
+    return {**metrics, "losses": dict(zip(family.loss_terms, losses)), "images": len(acc.images), "time_s": time.time() - t0,
+            "eval_s": time.time() - t_eval, "bad": bad}
 
 
 def _cxcywh_to_xyxy(b: np.ndarray) -> np.ndarray:

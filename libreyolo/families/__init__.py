@@ -1,13 +1,67 @@
-"""Model families: each is a Family spec; the registry maps model names to (family, size)."""
+"""Model families: each is a Family spec; the registry maps model names to (family, size).
+
+A family is a folder plus one registry line (`_BUILTIN` below): everything the one training loop, the
+validator, the event stream, the CLI and the console need to know about it is declared here, so nothing
+outside its folder names its loss terms, its keys or its modules."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
+
+from libreyolo.keys import Key
+
+# the built-in families, imported on first use of the registry (each module calls register())
+_BUILTIN = ("libreyolo.families.yolo9",)
+
+
+class LossFn(Protocol):
+    def __call__(self, outputs: Any, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int],
+                 batch_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """outputs: whatever the train net (training) or the detector (validation) returns; targets (B, M, 5)
+        class, x1, y1, x2, y2 in input pixels, padded, with mask (B, M). -> (the loss to back-propagate,
+        the detached loss terms in `Family.loss_terms` order, shape (len(loss_terms),)). Static shapes and no
+        host synchronisation where the family supports whole-step capture."""
+
+
+class PostprocessFn(Protocol):
+    def __call__(self, net: nn.Module, raw: Any, imgsz: tuple[int, int], conf: float, iou: float, max_det: int,
+                 multi_label: bool = False) -> torch.Tensor:
+        """Whatever the detector returns in eval mode -> packed detections (N, 7) on its device: batch index,
+        x1, y1, x2, y2 (input pixels), score, class; grouped by image in batch order, best score first."""
+
+
+class ScheduleFn(Protocol):
+    def __call__(self, optimizer: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int,
+                 momentum: float, steps_per_epoch: int) -> None:
+        """Set each param group's lr (and momentum) for global iteration ni (ni // steps_per_epoch == epoch)."""
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """What the CUDA-graph manager may capture. `modules` are dotted names inside the train net ("" is the
+    whole train net): `cuda_graph=true` captures each named module's forward and backward and runs the rest
+    eagerly; `full_step` means the whole step (loss, optimizer, EMA) may be captured as one graph, which
+    needs a loss with static shapes and no host synchronisation."""
+
+    modules: tuple[str, ...] = ()
+    full_step: bool = False
+
+    @property
+    def whole_net(self) -> bool:
+        return self.modules == ("",)
+
+    def __bool__(self) -> bool:
+        return bool(self.modules)
+
+
+NO_CAPTURE = CapturePlan()
+WHOLE_NET = CapturePlan(("",), full_step=True)
 
 
 @dataclass(frozen=True)
@@ -20,14 +74,27 @@ class Family:
     task: str
     build: Callable[[str, int], nn.Module]  # (size, num_classes) -> network, random init
     train_net: Callable[[nn.Module, Any], nn.Module]  # (network, TrainConfig) -> what the step runs
-    loss: Callable[[nn.Module, Any, Callable | None], Callable]  # (network, cfg, normalizer reduce) -> loss fn
-    postprocess: Callable[..., list[dict[str, torch.Tensor]]]  # raw output -> per-image detections
-    # which part the CUDA-graph manager may capture: "network" (the whole TrainNet) or "" for none
-    capture_plan: str = "network"
-    supports_full_graph: bool = False
+    loss: Callable[[nn.Module, Any, Callable | None], LossFn]  # (network, cfg, normalizer reduce) -> loss fn
+    postprocess: PostprocessFn
+    loss_terms: tuple[str, ...]  # names of the logged loss terms, in the order the loss returns them
+    keys: tuple[Key, ...] = ()  # the family's own training keys (merged into TrainConfig's spec)
+    capture: CapturePlan = NO_CAPTURE
     supports_ddp: bool = True
-    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)  # defaults of shared keys that differ for this family
+    param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None  # None: engine.optim.param_groups
+    schedule: ScheduleFn | None = None  # None: engine.optim.apply_schedule (warm-up, then linear or cosine)
     hooks: dict[str, Callable] = field(default_factory=dict)  # e.g. on_mosaic_close(trainer)
+
+    @property
+    def supports_full_graph(self) -> bool:
+        return self.capture.full_step
+
+    @property
+    def models(self) -> list[str]:
+        return [self.prefix + s for s in self.sizes]
+
+    def key(self, name: str) -> Key | None:
+        return next((k for k in self.keys if k.name == name), None)
 
 
 _REGISTRY: dict[str, Family] = {}
@@ -53,7 +120,8 @@ def get_family(name: str) -> Family:
 def parse_model_name(name: str) -> tuple[Family, str] | None:
     """'LibreYOLO9t' -> (yolo9 family, 't'); None if the name is not a known model name."""
     _load_builtin()
-    for fam in _REGISTRY.values():
+    # the longest prefix first: LibreYOLOX must not be read as LibreYOLO + "x..."
+    for fam in sorted(_REGISTRY.values(), key=lambda f: -len(f.prefix)):
         m = re.fullmatch(re.escape(fam.prefix) + r"([a-z]+)", name, flags=re.IGNORECASE)
         if m and m.group(1).lower() in fam.sizes:
             return fam, m.group(1).lower()
@@ -62,9 +130,25 @@ def parse_model_name(name: str) -> tuple[Family, str] | None:
 
 def model_names() -> list[str]:
     _load_builtin()
-    return [f.prefix + s for f in _REGISTRY.values() for s in f.sizes]
+    return [m for f in _REGISTRY.values() for m in f.models]
+
+
+def family_keys() -> dict[str, list[tuple[Family, Key]]]:
+    """key name -> the families that declare it (a name may be shared, e.g. a `cls` gain), in registry order."""
+    _load_builtin()
+    out: dict[str, list[tuple[Family, Key]]] = {}
+    for fam in _REGISTRY.values():
+        for k in fam.keys:
+            out.setdefault(k.name, []).append((fam, k))
+    return out
+
+
+_loaded = False
 
 
 def _load_builtin() -> None:
-    if not _REGISTRY:
-        from libreyolo.families import yolo9  # noqa: F401  (registers itself)
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in _BUILTIN:
+            importlib.import_module(module)

@@ -49,7 +49,7 @@ def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: 
     kwargs = {**overrides, **PROFILE_RUN_KEYS, "project": str(project), "name": name, "exist_ok": exist_ok}
     kwargs.setdefault("model", "LibreYOLO9t")
     model = LibreYOLO(kwargs["model"], pretrained=kwargs.pop("pretrained", True))
-    cfg = TrainConfig.from_overrides(kwargs, defaults=model.family.defaults)
+    cfg = TrainConfig.from_overrides(kwargs, family=model.family)
     stop = _StopWhenProfiled()
     cfg.callbacks = [*cfg.callbacks, stop]
     trainer = Trainer(model, cfg, set(kwargs))

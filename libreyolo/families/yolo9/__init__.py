@@ -6,11 +6,22 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torchvision.ops import batched_nms
 
-from libreyolo.families import Family, register
+from libreyolo import keys as K
+from libreyolo.families import WHOLE_NET, Family, register
 from libreyolo.families.yolo9.loss import DetectionLoss
 from libreyolo.families.yolo9.network import SIZES, TrainNet, YOLO9
+from libreyolo.families.yolo9.postprocess import postprocess
+
+LOSS_TERMS = ("box", "cls", "dfl")
+
+KEYS = (
+    K.Key("box", 7.5, K.nonneg(K.number), "box (CIoU) loss gain"),
+    K.Key("cls", 0.5, K.nonneg(K.number), "classification (BCE) loss gain"),
+    K.Key("dfl", 1.5, K.nonneg(K.number), "distribution focal loss gain"),
+    K.Key("aux", True, K.boolean, "train with the auxiliary PGI head; never part of saved weights"),
+    K.Key("aux_weight", 0.25, K.nonneg(K.number), "weight of the auxiliary head's loss"),
+)
 
 
 def build(size: str, nc: int) -> YOLO9:
@@ -28,7 +39,9 @@ class Yolo9Loss:
         self.main = DetectionLoss(net.nc, net.strides, net.reg_max, cfg.box, cfg.cls, cfg.dfl, reduce_normalizer=reduce_normalizer)
         self.aux_weight = float(cfg.aux_weight)
 
-    def __call__(self, outputs: tuple[torch.Tensor, ...], targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float):
+    def __call__(self, outputs: torch.Tensor | tuple[torch.Tensor, ...], targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float):
+        if isinstance(outputs, torch.Tensor):  # the detector alone (validation): the main head's output
+            outputs = (outputs,)
         if len(outputs) > 1 and self.aux_weight > 0:
             # both heads in one batched loss call: one assignment, half the kernels
             return self.main(torch.cat(outputs[:2], 0), targets, mask, imgsz, batch_scale, (1.0, self.aux_weight))
@@ -37,28 +50,6 @@ class Yolo9Loss:
 
 def loss(net: YOLO9, cfg: Any, reduce_normalizer: Callable | None = None) -> Yolo9Loss:
     return Yolo9Loss(net, cfg, reduce_normalizer)
-
-
-@torch.no_grad()
-def postprocess(net: YOLO9, raw: torch.Tensor, imgsz: tuple[int, int], conf: float = 0.25, iou: float = 0.7, max_det: int = 300, multi_label: bool = False, max_nms: int = 30000) -> list[dict[str, torch.Tensor]]:
-    """Raw logits -> per image {boxes (n, 4) xyxy in input pixels, scores (n,), classes (n,)} after NMS."""
-    pred = net.head.decode(raw.float(), net.feature_shapes(*imgsz))  # (B, A, 4 + nc)
-    out = []
-    for p in pred:
-        boxes, probs = p[:, :4], p[:, 4:]
-        if multi_label:
-            i, j = (probs > conf).nonzero(as_tuple=True)
-            boxes, scores, classes = boxes[i], probs[i, j], j
-        else:
-            scores, classes = probs.max(1)
-            keep = scores > conf
-            boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
-        if scores.numel() > max_nms:
-            top = scores.topk(max_nms).indices
-            boxes, scores, classes = boxes[top], scores[top], classes[top]
-        keep = batched_nms(boxes, scores, classes, iou)[:max_det]
-        out.append({"boxes": boxes[keep], "scores": scores[keep], "classes": classes[keep]})
-    return out
 
 
 FAMILY = register(
@@ -71,8 +62,9 @@ FAMILY = register(
         train_net=train_net,
         loss=loss,
         postprocess=postprocess,
-        capture_plan="network",
-        supports_full_graph=True,
+        loss_terms=LOSS_TERMS,
+        keys=KEYS,
+        capture=WHOLE_NET,
         supports_ddp=True,
         defaults={"amp": True, "sync_bn": True},
     )
