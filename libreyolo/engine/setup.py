@@ -59,6 +59,7 @@ class TrainSetup:
     graph_mode: bool | str  # what cuda_graph the run uses (auto resolved): "full", True or False
     graph_reason: str  # one line: why
     schedule: ScheduleFn  # the family's LR schedule, or the default
+    loss_fn: Callable  # the training loss (the step runner holds it too; a family hook may switch its terms)
     val_loss: Callable
     train_loader: torch.utils.data.DataLoader
     val_loader: torch.utils.data.DataLoader
@@ -226,7 +227,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=parts.train_net, device=device,
         amp=parts.amp, scaler=parts.scaler, optimizer=parts.optimizer, optimizer_name=parts.optimizer_name, lr0=parts.lr0,
         momentum=parts.momentum, ema=parts.ema, step=step, graph_mode=graph_mode, graph_reason=graph_reason,
-        schedule=family.schedule or optim.apply_schedule, val_loss=family.loss(net, cfg),
+        schedule=family.schedule or optim.apply_schedule, loss_fn=parts.loss_fn, val_loss=family.loss(net, cfg),
         train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch_per_rank, accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,
         run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device), notes=notes,
