@@ -55,7 +55,8 @@ def _modes(v: str) -> list[str]:
 
 
 def default_worker_counts(batch: int) -> list[int]:
-    from libreyolo.data.loader import cpu_count, default_workers
+    from libreyolo.data.cpus import cpu_count
+    from libreyolo.data.loader import default_workers
 
     cpus = cpu_count()
     counts = {0, cpus, default_workers(batch, max(1, torch.cuda.device_count()))}
@@ -109,7 +110,7 @@ def bench(
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import AugmentConfig, YOLODataset
     from libreyolo.data.labels import scan_labels
-    from libreyolo.data.loader import cpu_count
+    from libreyolo.data.cpus import cpu_count
 
     if batch < 1 or batches < 1:
         raise ConfigError(f"batch={batch} batches={batches}: both must be at least 1")

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from libreyolo.data.augment import resize_long_side
+from libreyolo.data.cpus import cpu_count
 
 _REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 _JPEG = (".jpg", ".jpeg", ".jpe", ".jfif")
@@ -68,8 +69,6 @@ def decode_all(
 ) -> list[tuple[str, str]]:
     """Decode files[i] for every i in parallel threads (OpenCV releases the GIL) and hand each image to
     store(i, image), with a progress bar. -> (file, reason) for each file that could not be decoded."""
-    from libreyolo.data.loader import cpu_count
-
     threads = threads or cpu_count()
     # each thread decodes one image: OpenCV's own thread pool on top would only oversubscribe the cores.
     # 0 (run sequentially), not 1: setNumThreads(1) hangs in a process forked from one whose OpenCV pool

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import Iterator
 
 import cv2
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from libreyolo.data.cpus import cpu_count
 from libreyolo.data.dataset import YOLODataset, collate
-
-
-def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
 
 
 # Beyond this, more workers per GPU add memory (each is a process with its own copy-on-write heap and

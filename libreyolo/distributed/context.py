@@ -204,3 +204,11 @@ def sync_batchnorm(train_net: nn.Module, ctx: DistContext, device: torch.device,
             f"which can hurt accuracy; set sync_bn=true on GPUs, or raise batch"
         )
     return train_net
+
+
+def family_message(name: str, device: str, world_size: int) -> str:
+    return (
+        f"model family {name!r} cannot train distributed (supports_ddp=False), so device={device} with "
+        f"{world_size} processes would not split the work. Train on one GPU (device=0); under torchrun, "
+        f"start it with --nproc_per_node=1."
+    )

@@ -32,7 +32,7 @@ import torch.multiprocessing as mp
 
 from libreyolo import errors
 from libreyolo.config import TrainConfig
-from libreyolo.distributed.context import DistContext, split_batch
+from libreyolo.distributed.context import DistContext, family_message, split_batch
 from libreyolo.distributed.device import parse_device, torchrun_env
 from libreyolo.errors import ConfigError, LibreYOLOError
 
@@ -64,6 +64,7 @@ class _Job:
     weights: str
     source: str
     trained: bool
+    model_class: type  # the caller's LibreYOLO class (pickled by name): this module never imports the facade
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -105,7 +106,7 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
     ctx = None
     try:
         weights = model.save(folder / "weights.pt")
-        job = _Job(nprocs, list(gpus), free_port(), str(folder), str(weights), model.source, model.trained, kwargs)
+        job = _Job(nprocs, list(gpus), free_port(), str(folder), str(weights), model.source, model.trained, type(model), kwargs)
         with _child_env(gpus):
             ctx = mp.start_processes(_worker, args=(job,), nprocs=nprocs, join=False, start_method="spawn")
         result_file = folder / "result.json"
@@ -125,14 +126,6 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
         shutil.rmtree(folder, ignore_errors=True)
         for f in ctx.error_files if ctx is not None else []:
             Path(f).unlink(missing_ok=True)
-
-
-def family_message(name: str, device: str, world_size: int) -> str:
-    return (
-        f"model family {name!r} cannot train distributed (supports_ddp=False), so device={device} with "
-        f"{world_size} processes would not split the work. Train on one GPU (device=0); under torchrun, "
-        f"start it with --nproc_per_node=1."
-    )
 
 
 def check_picklable(kwargs: dict[str, Any], device: str) -> None:
@@ -165,7 +158,7 @@ def free_port() -> int:
 def _resumed_device(cfg: TrainConfig) -> str | None:
     """A resumed run trains on the devices it started on, unless device= is given again."""
     from libreyolo.engine.checkpoint import load_checkpoint
-    from libreyolo.engine.setup import resolve_resume_path
+    from libreyolo.engine.checkpoint import resolve_resume_path
 
     try:
         return str(load_checkpoint(resolve_resume_path(cfg)).get("train_args", {}).get("device") or "") or None
@@ -318,14 +311,12 @@ def _worker(index: int, job: _Job) -> None:
     parent = os.getppid()
     _signal_policy(index, parent, job.folder)
     if not job.gpus:  # N CPU processes share the cores instead of each starting one thread per core
-        from libreyolo.data.loader import cpu_count
+        from libreyolo.data.cpus import cpu_count
 
         torch.set_num_threads(max(1, cpu_count() // job.nprocs))
-    from libreyolo.model import LibreYOLO
-
     folder = Path(job.folder)
     try:
-        model = LibreYOLO(job.weights)
+        model = job.model_class(job.weights)
         # an untrained model is rebuilt under the run's seed by the ordinary path, exactly as on one device
         model.source, model.trained = job.source, job.trained
         metrics = model.train(**job.kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import pickle
 import zipfile
@@ -104,3 +105,14 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a libreyolo checkpoint (expected format {FORMAT!r})")
     return obj
+
+
+def resolve_resume_path(cfg: Any) -> Path:
+    if isinstance(cfg.resume, str):
+        return Path(cfg.resume)
+    if cfg.model.endswith(".pt") and Path(cfg.model).name == "last.pt":
+        return Path(cfg.model)
+    runs = sorted(glob.glob(str(Path(cfg.project) / "*" / "weights" / "last.pt")), key=os.path.getmtime)
+    if not runs:
+        raise CheckpointError(f"resume=true but no {cfg.project}/*/weights/last.pt exists; pass resume=path/to/last.pt")
+    return Path(runs[-1])

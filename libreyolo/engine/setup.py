@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim
 from libreyolo.engine.amp import AmpPolicy, resolve_amp
-from libreyolo.engine.checkpoint import load_checkpoint
+from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
 from libreyolo.engine.components import build_step_parts
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES, select_step
@@ -123,17 +122,6 @@ def release_workers(loader: torch.utils.data.DataLoader) -> None:
         loader._iterator = None
 
 
-def resolve_resume_path(cfg: TrainConfig) -> Path:
-    if isinstance(cfg.resume, str):
-        return Path(cfg.resume)
-    if cfg.model.endswith(".pt") and Path(cfg.model).name == "last.pt":
-        return Path(cfg.model)
-    runs = sorted(glob.glob(str(Path(cfg.project) / "*" / "weights" / "last.pt")), key=os.path.getmtime)
-    if not runs:
-        raise CheckpointError(f"resume=true but no {cfg.project}/*/weights/last.pt exists; pass resume=path/to/last.pt")
-    return Path(runs[-1])
-
-
 def _resume_config(trainer: Any) -> dict[str, Any]:
     cfg = trainer.cfg
     path = resolve_resume_path(cfg)
@@ -174,9 +162,7 @@ def build_setup(trainer: Any) -> TrainSetup:
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
     notes: list[str] = []
     if dist.world_size > 1 and not trainer.model.family.supports_ddp:
-        from libreyolo.distributed.launch import family_message
-
-        raise ConfigError(family_message(trainer.model.family.name, cfg.device, dist.world_size))
+        raise ConfigError(distributed.family_message(trainer.model.family.name, cfg.device, dist.world_size))
 
     with dist.main_first():  # rank 0 generates the built-in dataset and writes label caches; the others reuse them
         data = load_data_config(cfg.data)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.data.loader import cpu_count
+from libreyolo.data.cpus import cpu_count
 from libreyolo.engine.step import PHASES
 from libreyolo.profiler.analysis import Trace, analyze_trace
 from libreyolo.profiler.verdict import decide
