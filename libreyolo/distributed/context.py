@@ -65,6 +65,14 @@ class DistContext:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return (t / self.world_size).tolist()
 
+    def min(self, value: float, device: torch.device) -> float:
+        """The smallest of one float over ranks (the start loss scale every rank can use)."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return float(t.item())
+
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:
         """Rank 0 runs the block first (dataset generation, label-cache writing); the others then find its results."""

@@ -27,7 +27,7 @@ from libreyolo.engine.components import build_step_parts
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES, select_step
 from libreyolo.engine.meters import LossMeter
-from libreyolo.engine.step import StepRunner
+from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.families import Family, ScheduleFn, get_family
 from libreyolo.engine.rundir import increment_run_dir, write_args
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
@@ -55,6 +55,7 @@ class TrainSetup:
     momentum: float
     ema: ModelEMA | None
     step: StepRunner  # EagerStep or a CUDA-graph runner (engine/graphs.py, fullstep.py)
+    eager: EagerStep  # the eager step (a graph runner's warm-up and fallback path)
     graph_mode: bool | str  # what cuda_graph the run uses (auto resolved): "full", True or False
     graph_reason: str  # one line: why
     schedule: ScheduleFn  # the family's LR schedule, or the default
@@ -212,7 +213,7 @@ def build_setup(trainer: Any) -> TrainSetup:
     s = TrainSetup(
         cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=parts.train_net, device=device,
         amp=parts.amp, scaler=parts.scaler, optimizer=parts.optimizer, optimizer_name=parts.optimizer_name, lr0=parts.lr0,
-        momentum=parts.momentum, ema=parts.ema, step=step, graph_mode=graph_mode, graph_reason=graph_reason,
+        momentum=parts.momentum, ema=parts.ema, step=step, eager=eager, graph_mode=graph_mode, graph_reason=graph_reason,
         schedule=family.schedule or optim.apply_schedule, loss_fn=parts.loss_fn, val_loss=family.loss(net, cfg),
         train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch_per_rank, accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,

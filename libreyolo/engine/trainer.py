@@ -15,11 +15,12 @@ from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
 from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
+from libreyolo.engine.lossscale import probe_loss_scale, set_start_scale
 from libreyolo.engine.meters import LossMeter, Throughput
 from libreyolo.engine.rundir import append_results, results_columns, results_row
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.state import model_record, restore_rng, rng_state
-from libreyolo.engine.step import NO_PHASES
+from libreyolo.engine.step import NO_PHASES, normalize
 from libreyolo.eval.validator import validate
 
 HEARTBEAT_S = 10.0
@@ -37,6 +38,7 @@ class Trainer:
         self.after_step: Any = None  # optional callable(trainer) after every step (the profiler's window)
         self.stop_requested: str | None = None  # a run status: the loop ends after the current step
         self._held: list[ev.Event] | None = []
+        self._probe_scale = False  # a fresh float16 run reads its start loss scale off the first batch
         self.writer = CheckpointWriter()  # closed when train() ends: one Trainer trains once
 
     # --- events -------------------------------------------------------------------------------------
@@ -68,6 +70,7 @@ class Trainer:
                 self.emit(ev.WarningEvent(msg, code="setup"))
             if not s.resumed:
                 self.save("last")
+            self._probe_scale = s.amp.scaler and not s.resumed
             if self.cfg.profile:
                 from libreyolo.profiler import attach  # imported only when asked: profile=false costs nothing
 
@@ -164,6 +167,8 @@ class Trainer:
                 targets = batch["targets"].to(s.device, non_blocking=True)
                 mask = batch["mask"].to(s.device, non_blocking=True)
             boundary = (i + 1) % s.accumulate == 0 or i == nb - 1
+            if self._probe_scale:
+                self._start_loss_scale(img, targets, mask)
             items = s.step(img, targets, mask, boundary, ph)
             s.meter.add(items)
             thr.add(img.shape[0], data_s)
@@ -181,6 +186,25 @@ class Trainer:
                 self.after_step(self)
             if self.stop_requested:
                 break
+
+    def _start_loss_scale(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> None:
+        """float16: start at the largest loss scale the first batch's gradients fit under (engine/lossscale.py),
+        the same on every rank, instead of losing the first optimizer steps to GradScaler's back-off."""
+        self._probe_scale = False
+        s, e = self.s, self.s.eager
+        if e.flat is not None:
+            forward, inputs = e.forward, list(e.flat.proxies.values())
+        else:  # DDP: probe the plain module (the DDP wrapper expects its own backward)
+            def forward(x: torch.Tensor) -> object:
+                with torch.autocast(x.device.type, dtype=e.autocast_dtype):
+                    return s.train_net(normalize(x, e.channels_last))
+            inputs = [p for p in s.train_net.parameters() if p.requires_grad]
+        scale, exp = probe_loss_scale(s.train_net, forward, e.loss_fn, inputs, img, targets, mask, e.batch_scale,
+                                      agree=lambda finite: s.dist.min(float(finite), s.device) > 0)
+        set_start_scale(s.scaler, scale)
+        found = f"finite up to 2^{exp}" if exp is not None else "not finite even at scale 1"
+        self.emit(ev.Amp(enabled=True, dtype=s.amp.dtype, scaler=True, scale=scale, skipped_steps=0, epoch=None,
+                         reason=f"loss scale starts at {scale:g}: the first batch's float16 gradients are {found}"))
 
     def _step_event(self, epoch: int, i: int, nb: int, start: int, thr: Throughput) -> None:
         s = self.s
