@@ -19,7 +19,7 @@ class BusyGPU:
 
 class BusyMeter(LossMeter):
     def __init__(self):
-        super().__init__(torch.device("cpu"))
+        super().__init__(torch.device("cpu"), 3)
         self.asynchronous = True  # the CUDA code path, with the event faked
 
     def _new_event(self):
@@ -54,7 +54,7 @@ def test_a_new_epoch_shows_no_losses_until_its_own_copy_lands():
 
 
 def test_cpu_meter_is_exact_at_every_poll_and_reset_starts_over():
-    m = LossMeter(torch.device("cpu"))
+    m = LossMeter(torch.device("cpu"), 3)
     for v in (1.0, 3.0):
         m.add(torch.full((3,), v))
         m.request()

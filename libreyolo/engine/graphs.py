@@ -136,6 +136,8 @@ class GraphRunner:
         """Drop every graph (a family hook calls this when what a captured step computes changes; the full-step
         runner when the target capacity grows); shapes are counted again and captured anew once stable, and
         that capture's event repeats the reason."""
+        if not self.graphs and not self.captures:
+            return  # nothing captured yet: the first capture will hold the change
         self.graphs.clear()
         self.last_shape, self.repeats = None, 0
         self._why_next = reason

@@ -15,7 +15,7 @@ class LossMeter:
     starts the next, so `poll()` is at most one log interval behind even when the GPU is always busy (a
     GPU-bound `cuda_graph=full` run); it never waits for the GPU."""
 
-    def __init__(self, device: torch.device, n: int = 3):
+    def __init__(self, device: torch.device, n: int):
         self.device = device
         self.sum = torch.zeros(n, device=device)
         self.count = 0

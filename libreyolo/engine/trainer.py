@@ -121,7 +121,11 @@ class Trainer:
         return self.cfg.mosaic > 0 and epoch < self.cfg.epochs - self.cfg.no_aug_epochs
 
     def _mosaic_closes(self, epoch: int) -> bool:
-        return epoch == self.cfg.epochs - self.cfg.no_aug_epochs and "on_mosaic_close" in self.s.family.hooks
+        """The family's on_mosaic_close hook is due: at the epoch mosaic closes, or at the first epoch of a run
+        (resumed, or shorter than no_aug_epochs) that starts after it, so the hook's change is never lost."""
+        close = self.cfg.epochs - self.cfg.no_aug_epochs
+        due = epoch == close or (epoch == self.s.start_epoch and epoch > close)
+        return due and "on_mosaic_close" in self.s.family.hooks
 
     def _open_epoch(self, epoch: int, start: int) -> tuple[int, Any]:
         """Point the sampler at the epoch and start its iterator: persistent workers begin decoding at once."""

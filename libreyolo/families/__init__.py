@@ -101,8 +101,17 @@ _REGISTRY: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
+    """Add a family (a built-in one at import, or a plugin's, or a test's); its models and keys become known."""
+    _load_builtin()
+    if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
+        raise ValueError(f"a model family named {family.name!r} is already registered")
     _REGISTRY[family.name] = family
     return family
+
+
+def unregister(name: str) -> None:
+    """Remove a family registered with register() (a test's or a plugin's)."""
+    _REGISTRY.pop(name, None)
 
 
 def families() -> dict[str, Family]:
