@@ -180,7 +180,7 @@ class Trainer:
             if boundary:
                 self.step_in_epoch = i
             now = time.perf_counter()
-            if now - last_event >= cfg.log_interval or i == nb:
+            if now - last_event >= cfg.log_interval or i == nb or i == start + 1:  # the first step: the run is moving
                 last_event = now
                 self._step_event(epoch, i, nb, start, thr)
             if now - last_beat >= HEARTBEAT_S:

@@ -1,0 +1,95 @@
+"""Time one `libreyolo train` run from launch to exit and split it into parts from its events.
+
+    python benchmarks/race.py --name default -- data=/tmp/s800/data.yaml epochs=15 imgsz=640 batch=16 [key=value ...]
+
+Prints one JSON line: launch-to-exit wall time; start (launch to the end of the first training step, read off
+the first step event, which the trainer emits right after a run's first step); the training parts of the
+epochs (epoch_start to the epoch's last step event); validation as it held the loop (val.time_s) and the
+COCO evaluation (val.eval_s, possibly overlapped with training); end (the last checkpoint event to exit); the
+mean GPU utilisation NVML reported, sampled every 0.5 s from launch to exit; and the final and best metrics."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def sample_gpu(stop: threading.Event, out: list[float], period: float = 0.5) -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # no NVIDIA driver: utilisation stays unknown
+        return
+    while not stop.wait(period):
+        out.append(float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
+
+
+def split(events: list[dict], launch: float, exit_t: float) -> dict:
+    by = lambda kind: [e for e in events if e["type"] == kind]  # noqa: E731
+    steps, starts, vals = by("step"), by("epoch_start"), by("val")
+    first_step = steps[0]["t"] if steps else None
+    train = 0.0
+    for es in starts:
+        last = [s for s in steps if s["epoch"] == es["epoch"] and s["step"] == s["steps"]]
+        if last:
+            train += last[-1]["t"] - es["t"]
+    ckpts = by("checkpoint")
+    return {
+        "start_s": round(first_step - launch, 2) if first_step else None,
+        "run_start_s": round(by("run_start")[0]["t"] - launch, 2),
+        "train_s": round(train, 2),
+        "val_held_s": round(sum(v["time_s"] for v in vals), 2),
+        "val_eval_s": round(sum(v.get("eval_s", 0.0) for v in vals), 2),
+        "val_per_epoch_s": [round(v["time_s"], 3) for v in vals],
+        "end_s": round(exit_t - max(c["t"] for c in ckpts), 2) if ckpts else None,
+        "run_end_to_exit_s": round(exit_t - by("run_end")[-1]["t"], 2) if by("run_end") else None,
+        "epochs": len(by("epoch_end")),
+        "graph": [f"{g['action']}: {g['reason']}" for g in by("graph")],
+        "amp": [a["reason"] for a in by("amp")],
+        "mode": by("run_start")[0].get("cuda_graph_mode"),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--project", default="/tmp/race-runs")
+    ap.add_argument("args", nargs="*")
+    a = ap.parse_args()
+    cmd = [sys.executable, "-m", "libreyolo.cli.main", "train", *a.args, f"project={a.project}", f"name={a.name}", "exist_ok=true"]
+    run_dir = Path(a.project) / a.name
+    if (run_dir / "events.jsonl").exists():
+        (run_dir / "events.jsonl").unlink()
+    (run_dir / "results.csv").unlink(missing_ok=True)
+    util: list[float] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_gpu, args=(stop, util), daemon=True)
+    launch = time.time()
+    sampler.start()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    exit_t = time.time()
+    stop.set()
+    sampler.join()
+    (run_dir / "stdout.txt").write_text(proc.stdout)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    with open(run_dir / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    m = lambda r: {k.split("/")[-1].strip(): float(v) for k, v in r.items() if k.startswith("metrics/")}  # noqa: E731
+    out = {"name": a.name, "rc": proc.returncode, "wall_s": round(exit_t - launch, 2), **split(events, launch, exit_t),
+           "gpu_util_mean": round(sum(util) / len(util), 1) if util else None, "final": m(rows[-1]) if rows else None,
+           "best_map": max(float(r["metrics/mAP50-95(B)"]) for r in rows) if rows else None,
+           "map_per_epoch": [round(float(r["metrics/mAP50-95(B)"]), 4) for r in rows], "args": a.args}
+    print(json.dumps(out))
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
