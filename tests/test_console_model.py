@@ -62,6 +62,10 @@ def test_form_keys_and_choices_are_what_the_cli_accepts():
         assert key in command.FORM_KEYS
         for c in choices:
             parse_kv([f"{key}={c}"])  # raises if the CLI rejects a value the form offers
+    base = command.defaults()
+    assert all(base[key] in choices for key, choices in command.CHOICES.items())  # the form can show every default
+    assert command.CHOICES["cuda_graph"][0] == base["cuda_graph"] == "auto"  # TrainConfig's default, offered first
+    assert command.build_args(base) == [] and command.build_args({**base, "cuda_graph": "false"}) == ["cuda_graph=false"]
 
 
 def test_build_args_only_spells_out_changes_and_validates_like_the_cli(tmp_path):
