@@ -63,17 +63,17 @@ class EpochTable(DataTable):
     def show_state(self, state: RunState) -> None:
         self._state = state
         header = columns(state.terms)
-        if header != self._columns:
-            self._set_columns(header)  # the terms became known, or a re-attach found others
         rows = [r for _, r in sorted(state.rows.items())]
         shown = [cells(r, state.terms) for r in rows]
-        if self.size.width and table_width(header, shown, self.cell_padding) > self.size.width - _SCROLLBAR:
+        if table_width(header, shown, self.cell_padding) > self.size.width - _SCROLLBAR:
             shown = [cells(r, state.terms, with_eval=False) for r in rows]  # the evaluation time only where there is room
-        if shown == self._shown:
+        if header == self._columns and shown == self._shown:
             return  # step events arrive often; the table only changes at epoch ends
-        self._shown = shown
         follow = self.cursor_row >= self.row_count - 1  # keep the newest epoch in view unless the user moved up
-        self.clear()
+        # new columns every time: the terms may have become known (or a re-attach found others), and a
+        # column keeps the widest width it ever had, which a narrower val cell would not give back
+        self._set_columns(header)
+        self._shown = shown
         for row in shown:
             self.add_row(*row)
         if follow and rows:
