@@ -25,12 +25,15 @@ CONSOLE_KEYS = ("project", "name", "exist_ok")
 CHOICES: dict[str, tuple[str, ...]] = {
     "amp": ("true", "false"),
     "amp_dtype": ("float16", "bfloat16"),
-    "cuda_graph": ("false", "true", "full"),
+    "cuda_graph": ("auto", "false", "true", "full"),  # auto, the default, first
     "profile": ("false", "true"),
     "cache": ("false", "ram", "disk"),
 }
 
-_SPEC = {key: (default, help_) for key, default, help_, _ in TrainConfig.spec()}
+# the defaults and help of `libreyolo train` itself (a family's own key never shadows a shared one)
+_SPEC: dict[str, tuple[Any, str]] = {}
+for _key, _default, _help, _group in TrainConfig.spec():
+    _SPEC.setdefault(_key, (_default, _help))
 assert set(FORM_KEYS) <= set(_SPEC), "the form offers a key that `libreyolo train` lacks"
 
 

@@ -1,7 +1,11 @@
 """RunState: everything the run view shows, folded from the event stream.
 
 The panels render from this object only, so re-attaching (reading events.jsonl from the start) and
-watching live (applying new events as they arrive) build exactly the same view."""
+watching live (applying new events as they arrive) build exactly the same view.
+
+The loss terms are the model family's (run_start.loss_terms, in order); nothing here knows any family's
+names. A version-1 file has no loss_terms: the terms are then the keys of the losses dicts, in the order
+they first appear."""
 
 from __future__ import annotations
 
@@ -14,15 +18,15 @@ MAX_POINTS = 2000  # loss-curve points kept; older ones are thinned so a week-lo
 @dataclass
 class EpochRow:
     epoch: int
-    box: float | None = None
-    cls: float | None = None
-    dfl: float | None = None
+    losses: dict[str, float] = field(default_factory=dict)  # exact mean training loss per term (epoch_end)
     precision: float | None = None
     recall: float | None = None
     map50: float | None = None
     map: float | None = None
-    time_s: float | None = None
+    time_s: float | None = None  # the whole epoch, validation included
     img_s: float | None = None
+    val_s: float | None = None  # val.time_s: how long validation held the training loop
+    eval_s: float | None = None  # val.eval_s: the COCO evaluation, often in the background (None in v1 files)
 
 
 @dataclass
@@ -36,8 +40,9 @@ class RunState:
     steps: int = 0
     mosaic: bool | None = None
     last_step: dict[str, Any] | None = None
-    # (fractional epoch, box, cls, dfl) per step event
-    losses: list[tuple[float, float, float, float]] = field(default_factory=list)
+    terms: tuple[str, ...] = ()  # the family's loss terms, in order
+    # (fractional epoch, {term: mean loss since the epoch began}) per step event
+    losses: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     rows: dict[int, EpochRow] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = None
     graphs: list[dict[str, Any]] = field(default_factory=list)
@@ -47,6 +52,7 @@ class RunState:
     t0: float | None = None  # time of the file's first event: graph lines are timed from it
     last_t: float | None = None  # time of the newest event (heartbeats included)
     bad_lines: int = 0
+    _declared: bool = False  # terms came from a run_start (v2): the losses dicts no longer add any
     _thin: int = 1  # keep every _thin-th step event once MAX_POINTS was reached
     _seen: int = 0
 
@@ -70,6 +76,14 @@ class RunState:
         self.epoch = e["start_epoch"]
         self.steps = e["steps_per_epoch"]
         self.step = 0
+        terms = e.get("loss_terms")  # absent in version-1 files
+        if isinstance(terms, list) and terms:
+            self.terms, self._declared = tuple(map(str, terms)), True
+
+    def _learn_terms(self, losses: dict[str, Any]) -> None:
+        """A version-1 file names its terms only as the keys of its losses dicts."""
+        if not self._declared:
+            self.terms += tuple(k for k in losses if k not in self.terms)
 
     def _on_epoch_start(self, e: dict[str, Any]) -> None:
         self.epoch, self.epochs, self.steps, self.mosaic = e["epoch"], e["epochs"], e["steps"], e["mosaic"]
@@ -83,9 +97,10 @@ class RunState:
         if self.losses and x < self.losses[-1][0]:
             # a resumed process replays from its checkpoint: drop the points it will redraw
             self.losses = [p for p in self.losses if p[0] < x]
+        self._learn_terms(lo)
         self._seen += 1
         if self._seen % self._thin == 0 and lo:  # no losses yet this epoch: nothing to plot
-            self.losses.append((x, lo.get("box", 0.0), lo.get("cls", 0.0), lo.get("dfl", 0.0)))
+            self.losses.append((x, {str(k): float(v) for k, v in lo.items()}))
         if len(self.losses) > MAX_POINTS:
             self.losses = self.losses[::2]
             self._thin *= 2
@@ -96,11 +111,12 @@ class RunState:
     def _on_val(self, e: dict[str, Any]) -> None:
         r = self._row(e["epoch"])
         r.precision, r.recall, r.map50, r.map = e["precision"], e["recall"], e["map50"], e["map"]
+        r.val_s, r.eval_s = e["time_s"], e.get("eval_s")  # (no eval_s in version-1 files)
 
     def _on_epoch_end(self, e: dict[str, Any]) -> None:
         r = self._row(e["epoch"])
-        lo = e["losses"]
-        r.box, r.cls, r.dfl = lo.get("box"), lo.get("cls"), lo.get("dfl")
+        self._learn_terms(e["losses"])
+        r.losses = {str(k): float(v) for k, v in e["losses"].items()}
         r.time_s, r.img_s = e["time_s"], e["img_s"]
         if e["epoch"] + 1 < self.epochs:
             self.epoch, self.step = e["epoch"] + 1, 0
@@ -134,6 +150,13 @@ class RunState:
     def best(self) -> EpochRow | None:
         scored = [r for r in self.rows.values() if r.map is not None and r.map50 is not None]
         return max(scored, key=lambda r: 0.1 * r.map50 + 0.9 * r.map, default=None)
+
+    @property
+    def fallback(self) -> dict[str, Any] | None:
+        """The current process's `graph` fallback, if any: it trains eager from that step on. (A fallback
+        written before run_start is the mode choice itself, which run_start already reports.)"""
+        since = (self.start or {}).get("t", float("-inf"))
+        return next((g for g in reversed(self.graphs) if g.get("action") == "fallback" and g.get("t", since) >= since), None)
 
     @property
     def fraction(self) -> float:

@@ -12,10 +12,32 @@ from libreyolo import events as ev
 from libreyolo.cli.args import parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import LibreYOLOError
+from libreyolo.families import get_family
 
 
 def _d(e: ev.Event) -> dict:
-    return e.to_dict()
+    d = e.to_dict()
+    ev.validate_event(d)  # every event a test feeds the console is a valid current-schema event
+    return d
+
+
+def _run_start(steps=10, t=0.0):
+    return _d(ev.RunStart(run_dir="runs/exp", model="LibreYOLO9t", family="yolo9", task="detect", nc=1, names=["a"], data="d.yaml",
+                          epochs=3, start_epoch=0, batch=8, batch_per_rank=8, accumulate=8, world_size=1, imgsz=64, device="cpu",
+                          amp=False, amp_dtype="float32", cuda_graph="auto", cuda_graph_mode="false",
+                          cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
+                          loss_terms=list(get_family("yolo9").loss_terms), workers=0, optimizer="AdamW(lr=0.001, momentum=0.9)",
+                          steps_per_epoch=steps, train_images=32, val_images=8, params=1000, pid=1, resumed=True, config={}, t=t))
+
+
+def _val(epoch, time_s=0.18, eval_s=0.4, losses=None):
+    return _d(ev.Val(epoch=epoch, precision=0.5, recall=0.4, map50=0.3, map=0.2, losses=losses or {}, images=8, time_s=time_s,
+                     eval_s=eval_s))
+
+
+def _epoch_end(epoch, losses, time_s=5.0):
+    return _d(ev.EpochEnd(epoch=epoch, losses=losses, lr={"pg0": 0.01}, time_s=time_s, img_s=99.0, fitness=0.21, best_fitness=0.21,
+                          skipped_images=0))
 
 
 def _step(epoch, step, steps=4, box=1.0, t=0.0):
@@ -27,18 +49,19 @@ def test_run_state_folds_progress_losses_metrics_and_the_gpu_events():
     s = RunState()
     no_losses_yet = {**_step(0, 1, t=100.5), "losses": {}}  # the epoch's first read-back had not landed: no point
     s.apply([_d(ev.EpochStart(epoch=0, epochs=2, steps=4, mosaic=True, t=100.0)), no_losses_yet, _step(0, 2, t=101.0), _step(0, 4, box=0.5, t=102.0),
-             _d(ev.Val(epoch=0, precision=0.5, recall=0.4, map50=0.3, map=0.2, losses={}, images=8, time_s=1.0)),
-             _d(ev.EpochEnd(epoch=0, losses={"box": 0.5, "cls": 2, "dfl": 3}, lr={}, time_s=5, img_s=99, fitness=0.21, best_fitness=0.21, skipped_images=0)),
+             _val(0, time_s=1.0),
+             _epoch_end(0, {"box": 0.5, "cls": 2.0, "dfl": 3.0}),
              _d(ev.Graph(action="capture", mode="network", reason="first step", shape=[8, 3, 64, 64], allocated_before_mb=100,
                          allocated_after_mb=150, delta_allocated_mb=50, t=103.0)),
              _d(ev.Graph(action="fallback", mode="network", reason="dynamic shape", shape=[4, 3, 64, 64], t=104.0)),
              _d(ev.Vram(epoch=0, peak_allocated_mb=900, peak_reserved_mb=1200, device="cuda:0")),
              _d(ev.Profile(verdict="dataloader", why="data 60%", levers=["workers=8"], step_ms=20, img_s=100, utilization=0.4,
                            phases={"data": 12.0, "forward": 4.0}, artifacts={"timeline": "/x/timeline.html"})),
-             {"type": "step", "v": 1, "t": 1.0}])  # malformed: counted, not fatal
+             {"type": "step", "v": 2, "t": 1.0}])  # malformed: counted, not fatal
     assert (s.epoch, s.step, s.epochs) == (1, 0, 2) and s.fraction == pytest.approx(0.5)
-    assert [p[:2] for p in s.losses] == [(0.5, 1.0), (1.0, 0.5)]
-    assert s.rows[0].map == 0.2 and s.rows[0].box == 0.5 and s.best.epoch == 0 and s.epochs_done == 1
+    assert [(x, lo["box"]) for x, lo in s.losses] == [(0.5, 1.0), (1.0, 0.5)]
+    assert s.rows[0].map == 0.2 and s.rows[0].losses["box"] == 0.5 and s.best.epoch == 0 and s.epochs_done == 1
+    assert (s.rows[0].val_s, s.rows[0].eval_s) == (1.0, 0.4)
     assert [g["action"] for g in s.graphs] == ["capture", "fallback"] and s.vram[0]["peak_reserved_mb"] == 1200
     assert s.profile["verdict"] == "dataloader" and s.bad_lines == 1 and s.t0 == 100.0
 
@@ -48,8 +71,7 @@ def test_run_state_resume_redraws_from_the_checkpoint_and_long_runs_stay_bounded
     s.apply([_step(0, i, steps=10) for i in range(1, 9)])
     s.apply([_d(ev.RunEnd(status="interrupted", epochs_done=0, best_fitness=None, best=None, last=None, time_s=1, metrics={}))])
     assert s.end["status"] == "interrupted"
-    start = {"type": "run_start", "v": 1, "t": 5.0, "epochs": 3, "start_epoch": 0, "steps_per_epoch": 10, "pid": 1}
-    s.apply([start, _step(0, 5, steps=10)])  # the resumed process replays from step 4
+    s.apply([_run_start(steps=10, t=5.0), _step(0, 5, steps=10)])  # the resumed process replays from step 4
     assert s.end is None and s.starts == 1 and s.last_step["step"] == 5
     assert [round(p[0], 2) for p in s.losses] == [0.1, 0.2, 0.3, 0.4, 0.5]
     s.apply([_step(e, 1, steps=1) for e in range(5 * MAX_POINTS)])
@@ -62,6 +84,10 @@ def test_form_keys_and_choices_are_what_the_cli_accepts():
         assert key in command.FORM_KEYS
         for c in choices:
             parse_kv([f"{key}={c}"])  # raises if the CLI rejects a value the form offers
+    base = command.defaults()
+    assert all(base[key] in choices for key, choices in command.CHOICES.items())  # the form can show every default
+    assert command.CHOICES["cuda_graph"][0] == base["cuda_graph"] == "auto"  # TrainConfig's default, offered first
+    assert command.build_args(base) == [] and command.build_args({**base, "cuda_graph": "false"}) == ["cuda_graph=false"]
 
 
 def test_build_args_only_spells_out_changes_and_validates_like_the_cli(tmp_path):
@@ -228,7 +254,7 @@ def test_plots_redraw_only_when_their_curves_change():
                 for w in (loss, metrics):
                     w.show_state(s)
             assert drawn == {"loss": 3, "metrics": 1}
-            s.apply([_d(ev.Val(epoch=0, precision=0.5, recall=0.4, map50=0.3, map=0.2, losses={}, images=8, time_s=1.0))])
+            s.apply([_val(0)])
             metrics.show_state(s)
             metrics.show_state(s)
             assert drawn["metrics"] == 2

@@ -14,9 +14,11 @@ from console.gpu import DeviceSample, GpuSnapshot, HostSample
 from console.screens.run import RunScreen
 from console.supervisor import ProcessRecord, write_record
 from libreyolo import events as ev
+from libreyolo.families import get_family
 
 SIZES = {"80x24": (80, 24), "120x40": (120, 40)}
 T0 = 1_790_000_000.0
+TERMS = get_family("yolo9").loss_terms
 
 
 class FixedSampler:
@@ -41,8 +43,14 @@ def _start(epochs: int, t: float = T0) -> ev.RunStart:
     return ev.RunStart(run_dir="runs/train/exp", model="LibreYOLO9s", family="yolo9", task="detect", nc=3,
                        names=["circle", "square", "triangle"], data="shapes", epochs=epochs, start_epoch=0, batch=64,
                        batch_per_rank=64, accumulate=1, world_size=1, imgsz=640, device="cuda:0", amp=True, amp_dtype="bfloat16",
-                       cuda_graph="true", workers=8, optimizer="AdamW(lr=0.001429, momentum=0.9)", steps_per_epoch=50,
+                       cuda_graph="auto", cuda_graph_mode="full",
+                       cuda_graph_reason="cuda_graph=auto: the whole step in one graph (yolo9 supports it, one CUDA process)",
+                       loss_terms=list(TERMS), workers=8, optimizer="AdamW(lr=0.001429, momentum=0.9)", steps_per_epoch=50,
                        train_images=3200, val_images=640, params=6_550_000, pid=4242, resumed=False, config={}, t=t)
+
+
+def _losses(f: float) -> dict[str, float]:
+    return dict(zip(TERMS, (1.2 * f, 2.0 * f, 1.5 * f)))
 
 
 def _finished_run(run_dir) -> None:
@@ -50,7 +58,8 @@ def _finished_run(run_dir) -> None:
     t = T0
     w.write(_start(epochs=4))
     w.write(ev.Amp(enabled=True, dtype="bfloat16", scaler=False, scale=None, skipped_steps=0, epoch=None, reason="bf16 on H200", t=t))
-    w.write(ev.Graph(action="capture", mode="network", reason="first step at a static shape", shape=[64, 3, 640, 640],
+    w.write(ev.Graph(action="capture", mode="full", reason="captured the whole micro step (target capacity 16) after 3 steps of shape "
+                     "[64, 3, 640, 640]", shape=[64, 3, 640, 640],
                      allocated_before_mb=5120.0, allocated_after_mb=5376.0, reserved_before_mb=8192.0, reserved_after_mb=8704.0,
                      delta_allocated_mb=256.0, delta_reserved_mb=512.0, t=t + 4))
     for epoch in range(4):
@@ -58,16 +67,23 @@ def _finished_run(run_dir) -> None:
         for step in range(10, 51, 10):
             t += 2.0
             f = 1 / (1 + epoch + step / 50)
-            w.write(ev.Step(epoch=epoch, step=step, steps=50, losses={"box": 1.2 * f, "cls": 2.0 * f, "dfl": 1.5 * f}, lr=0.001,
+            w.write(ev.Step(epoch=epoch, step=step, steps=50, losses=_losses(f), lr=0.001,
                             img_s=1600.0 + 10 * epoch, data_frac=0.04, step_ms=40.0, gpu_mem_gb=8.5, eta_s=(3 - epoch) * 10 + (50 - step) / 5, t=t))
         m = 0.2 * (epoch + 1)
-        w.write(ev.Val(epoch=epoch, precision=min(m + 0.1, 1), recall=m, map50=min(m + 0.05, 1), map=m * 0.8, losses={}, images=640, time_s=3.0, t=t))
+        w.write(ev.Val(epoch=epoch, precision=min(m + 0.1, 1), recall=m, map50=min(m + 0.05, 1), map=m * 0.8,
+                         losses={}, images=640, time_s=3.0, eval_s=1.2, t=t))
         w.write(ev.Vram(epoch=epoch, peak_allocated_mb=7000.0 + 10 * epoch, peak_reserved_mb=8704.0 + 64 * epoch, device="cuda:0", t=t))
-        w.write(ev.EpochEnd(epoch=epoch, losses={"box": 1.2 * f, "cls": 2.0 * f, "dfl": 1.5 * f}, lr={}, time_s=13.0, img_s=1600.0,
+        w.write(ev.EpochEnd(epoch=epoch, losses=_losses(f), lr={}, time_s=13.0, img_s=1600.0,
                             fitness=m, best_fitness=m, skipped_images=0, t=t))
         if epoch == 1:
-            w.write(ev.Graph(action="fallback", mode="network", reason="last batch has 40 images: that step runs eager",
-                             shape=[40, 3, 640, 640], t=t))
+            w.write(ev.Graph(action="eager_shape", mode="full", reason="shape [40, 3, 640, 640, 16] differs from the captured one(s): "
+                             "it runs eager", shape=[40, 3, 640, 640], t=t))
+        if epoch == 2:
+            w.write(ev.Graph(action="invalidate", mode="full", reason="a batch has more objects per image than the captured capacity 16: "
+                             "capacity raised to 21, recapturing once stable", shape=[64, 3, 640, 640], t=t - 8))
+            w.write(ev.Graph(action="recapture", mode="full", reason="re-captured: capacity raised to 21; captured the whole micro step "
+                             "(target capacity 21)", shape=[64, 3, 640, 640], allocated_before_mb=5376.0, allocated_after_mb=5440.0,
+                             reserved_before_mb=8704.0, reserved_after_mb=8704.0, delta_allocated_mb=64.0, delta_reserved_mb=0.0, t=t - 6))
     w.write(ev.Profile(verdict="dataloader", why="the step waits 61% of its time for the next batch; GPU busy 35%",
                        levers=["workers=16 (8 now, 16 cores)", "cache=ram (3200 images fit in 4.1 GB)", "smaller imgsz for a first pass"],
                        step_ms=40.0, img_s=1600.0, utilization=0.35,
@@ -83,7 +99,7 @@ def _crashed_run(run_dir) -> None:
     w = ev.EventWriter(run_dir / "events.jsonl")
     w.write(_start(epochs=30, t=T0 + 100))
     w.write(ev.EpochStart(epoch=0, epochs=30, steps=50, mosaic=True, t=T0 + 1))
-    w.write(ev.Step(epoch=0, step=20, steps=50, losses={"box": 1.1, "cls": 2.2, "dfl": 1.4}, lr=0.0005, img_s=1500.0, data_frac=0.05,
+    w.write(ev.Step(epoch=0, step=20, steps=50, losses=dict(zip(TERMS, (1.1, 2.2, 1.4))), lr=0.0005, img_s=1500.0, data_frac=0.05,
                     step_ms=42.0, gpu_mem_gb=70.1, eta_s=3000.0, t=T0 + 30))
     w.close()
     (run_dir / "weights").mkdir()
@@ -106,6 +122,9 @@ def project(tmp_path, monkeypatch):
     for name, make in (("exp", _finished_run), ("exp2", _crashed_run)):
         (root / name).mkdir(parents=True)
         make(root / name)
+    for name in ("exp", "exp2"):
+        for d in ev.read_events(root / name / "events.jsonl"):
+            ev.validate_event(d)  # the fixtures are events the trainer could write today
     yield "runs/train"
     monkeypatch.undo()
     time.tzset()

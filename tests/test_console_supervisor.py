@@ -14,6 +14,7 @@ from console import supervisor
 from console.runs import CRASHED, LIVE, classify, find_runs
 from console.supervisor import ProcessRecord, ProcessTree, is_alive, launch, read_record, record_alive, stop
 from libreyolo import events as ev
+from libreyolo.families import get_family
 
 FAST_LADDER = ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0))
 
@@ -152,7 +153,9 @@ def _events(run_dir, *items):
 def _start(pid=1, t=1000.0, epochs=3):
     return ev.RunStart(run_dir="x", model="LibreYOLO9t", family="yolo9", task="detect", nc=3, names=["a", "b", "c"],
                        data="d.yaml", epochs=epochs, start_epoch=0, batch=8, batch_per_rank=8, accumulate=8, world_size=1,
-                       imgsz=64, device="cpu", amp=False, amp_dtype="float32", cuda_graph="false", workers=0,
+                       imgsz=64, device="cpu", amp=False, amp_dtype="float32", cuda_graph="auto", cuda_graph_mode="false",
+                       cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
+                       loss_terms=list(get_family("yolo9").loss_terms), workers=0,
                        optimizer="AdamW", steps_per_epoch=2, train_images=16, val_images=8, params=1, pid=pid,
                        resumed=False, config={}, t=t)
 
@@ -175,7 +178,7 @@ def test_classify_uses_run_end_liveness_and_the_record():
 def test_find_runs_reports_finished_crashed_live_and_reused_pid(tmp_path, spawned):
     project = tmp_path / "runs"
     (project / "exp").mkdir(parents=True)
-    _events(project / "exp", _start(), ev.Val(epoch=0, precision=1, recall=1, map50=0.6, map=0.42, losses={}, images=8, time_s=1),
+    _events(project / "exp", _start(), ev.Val(epoch=0, precision=1, recall=1, map50=0.6, map=0.42, losses={}, images=8, time_s=1, eval_s=0.5),
             ev.EpochEnd(epoch=0, losses={}, lr={}, time_s=1, img_s=1, fitness=0.5, best_fitness=0.5, skipped_images=0), _end("finished"))
     (project / "exp2").mkdir()
     # pid 1 exists, but its start time is not the recorded one: the run's process is gone, the pid reused

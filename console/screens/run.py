@@ -24,7 +24,7 @@ from console.tail import EventBatch, EventTail, LineBatch, LineTail, follow
 from console.widgets.epochs import EpochTable
 from console.widgets.fmt import duration
 from console.widgets.gpu_panel import GpuPanel
-from console.widgets.graph_log import GraphLog
+from console.widgets.graph_log import GraphLog, mode_short
 from console.widgets.log_tail import START_BYTES, LogTail, last_lines
 from console.widgets.plots import LossPlot, MetricsPlot
 from console.widgets.processes import ProcessPanel
@@ -194,8 +194,9 @@ class RunScreen(Screen):
                  f"batch {st['batch']}", f"imgsz {st['imgsz']}"]
         if st["amp"]:
             parts.append(f"amp {st['amp_dtype']}")
-        if st["cuda_graph"] not in ("false", "False"):
-            parts.append(f"cuda_graph {st['cuda_graph']}")
+        graphs = mode_short(self.state)
+        if graphs:
+            parts.append(graphs)
         return " · ".join(parts)
 
     # --- the process --------------------------------------------------------------------------------

@@ -1,35 +1,80 @@
-"""The per-epoch table: training losses, validation metrics, time and speed."""
+"""The per-epoch table: training losses (one column per loss term of the run's family), validation
+metrics, epoch time, validation time and speed."""
 
 from __future__ import annotations
 
-from dataclasses import astuple
-
+from textual import events
 from textual.widgets import DataTable
 
-from console.state import RunState
-from console.widgets.fmt import duration, num
+from console.state import EpochRow, RunState
+from console.widgets.fmt import duration, num, seconds
 
-COLUMNS = ("epoch", "box", "cls", "dfl", "P", "R", "mAP50", "mAP50-95", "time", "img/s")
+METRICS = ("P", "R", "mAP50", "mAP50-95")
+TIMES = ("time", "val", "img/s")
+_SCROLLBAR = 2  # columns a vertical scrollbar takes once the epochs outnumber the rows
+
+
+def columns(terms: tuple[str, ...]) -> tuple[str, ...]:
+    return ("epoch", *terms, *METRICS, *TIMES)
+
+
+def val_time(r: EpochRow, with_eval: bool = True) -> str:
+    """val.time_s (what validation held the training loop) + val.eval_s (the COCO evaluation, which may
+    have run in the background): '0.18s+0.40s'. A version-1 file has only the first."""
+    if r.val_s is None:
+        return "-"
+    return seconds(r.val_s) + (f"+{seconds(r.eval_s)}" if with_eval and r.eval_s is not None else "")
+
+
+def speed(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def cells(r: EpochRow, terms: tuple[str, ...], with_eval: bool = True) -> tuple[str, ...]:
+    return (str(r.epoch + 1), *(num(r.losses.get(t)) for t in terms), num(r.precision), num(r.recall), num(r.map50),
+            num(r.map), duration(r.time_s), val_time(r, with_eval), speed(r.img_s))
+
+
+def table_width(header: tuple[str, ...], rows: list[tuple[str, ...]], padding: int = 1) -> int:
+    """The columns a DataTable needs for these cells (each column as wide as its widest cell, plus padding)."""
+    return sum(max(len(c) for c in col) + 2 * padding for col in zip(header, *rows))
 
 
 class EpochTable(DataTable):
     def __init__(self, **kw: object) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kw)
-        self._shown: list[tuple] = []
+        self._columns: tuple[str, ...] = ()
+        self._shown: list[tuple[str, ...]] = []
+        self._state: RunState | None = None
 
     def on_mount(self) -> None:
-        self.add_columns(*COLUMNS)
+        self._set_columns(columns(()))
+
+    def _set_columns(self, header: tuple[str, ...]) -> None:
+        self._columns = header
+        self.clear(columns=True)
+        self.add_columns(*header)
+        self._shown = []
+
+    def on_resize(self, _: events.Resize) -> None:
+        if self._state is not None:
+            self.show_state(self._state)  # the evaluation time may now fit, or no longer
 
     def show_state(self, state: RunState) -> None:
+        self._state = state
+        header = columns(state.terms)
         rows = [r for _, r in sorted(state.rows.items())]
-        shown = [astuple(r) for r in rows]
-        if shown == self._shown:
+        shown = [cells(r, state.terms) for r in rows]
+        if table_width(header, shown, self.cell_padding) > self.size.width - _SCROLLBAR:
+            shown = [cells(r, state.terms, with_eval=False) for r in rows]  # the evaluation time only where there is room
+        if header == self._columns and shown == self._shown:
             return  # step events arrive often; the table only changes at epoch ends
-        self._shown = shown
         follow = self.cursor_row >= self.row_count - 1  # keep the newest epoch in view unless the user moved up
-        self.clear()
-        for r in rows:
-            self.add_row(str(r.epoch + 1), num(r.box), num(r.cls), num(r.dfl), num(r.precision), num(r.recall),
-                         num(r.map50), num(r.map), duration(r.time_s), "-" if r.img_s is None else f"{r.img_s:.1f}")
+        # new columns every time: the terms may have become known (or a re-attach found others), and a
+        # column keeps the widest width it ever had, which a narrower val cell would not give back
+        self._set_columns(header)
+        self._shown = shown
+        for row in shown:
+            self.add_row(*row)
         if follow and rows:
             self.move_cursor(row=len(rows) - 1)

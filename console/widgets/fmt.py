@@ -10,6 +10,17 @@ def duration(seconds: float | None) -> str:
     return "-" if seconds is None else fmt_duration(seconds)
 
 
+def seconds(v: float | None) -> str:
+    """A short span with its unit, precise where it is short: 0.18s, 3.0s, 42s, then m:ss."""
+    if v is None:
+        return "-"
+    if v < 1:
+        return f"{v:.2f}s"
+    if v < 10:
+        return f"{v:.1f}s"
+    return f"{v:.0f}s" if v < 60 else fmt_duration(v)
+
+
 def bar(fraction: float | None, width: int) -> str:
     if width <= 0:
         return ""

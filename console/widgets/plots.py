@@ -8,10 +8,10 @@ from textual_plotext import PlotextPlot
 from console.state import RunState
 
 # With NO_COLOR every curve is the same colour, so each gets its own marker character instead.
-_PLAIN_MARKERS = ("+", "x", "o", "*")
+_PLAIN_MARKERS = ("+", "x", "o", "*", "#", "%")
 # Curve colours come from the app's theme, set explicitly: plotext's own colour sequence depends on global
 # state (which themes were registered first), which made the same screen render differently.
-_THEME_COLORS = ("primary", "warning", "success", "error")
+_THEME_COLORS = ("primary", "warning", "success", "error", "accent", "secondary")
 
 
 class _Plot(PlotextPlot):
@@ -46,28 +46,33 @@ class _Plot(PlotextPlot):
     def draw(self, data: tuple) -> None:
         raise NotImplementedError
 
-    def series(self) -> list[tuple[str, tuple[int, int, int]]]:
-        """(marker, colour) for each curve in turn."""
+    def series(self, n: int) -> list[tuple[str, tuple[int, int, int]]]:
+        """(marker, colour) for each of n curves in turn (both cycle past six curves)."""
         variables = self.app.theme_variables
         colors = [Color.parse(variables.get(name, "white")).rgb for name in _THEME_COLORS]
-        markers = _PLAIN_MARKERS if self.app.no_color else ("hd",) * len(_PLAIN_MARKERS)
-        return list(zip(markers, colors))
+        return [(_PLAIN_MARKERS[i % len(_PLAIN_MARKERS)] if self.app.no_color else "hd", colors[i % len(colors)]) for i in range(n)]
 
 
 class LossPlot(_Plot):
-    """box, cls and dfl loss (means since the epoch began) against training progress in epochs."""
+    """Each of the family's loss terms (means since the epoch began) against training progress in epochs."""
 
     def data(self, state: RunState) -> tuple:
-        return tuple(state.losses)
+        return state.terms, tuple(state.losses)
 
-    def draw(self, pts: tuple) -> None:
+    @staticmethod
+    def curves(data: tuple) -> list[tuple[str, list[float], list[float]]]:
+        """(term, xs, ys) per loss term, in the family's order; a point without that term is left out."""
+        terms, pts = data
+        return [(t, [x for x, lo in pts if t in lo], [lo[t] for _, lo in pts if t in lo]) for t in terms]
+
+    def draw(self, data: tuple) -> None:
         plt = self.plt
         plt.title("training loss")
         plt.xlabel("epoch")
-        if pts:
-            xs = [p[0] for p in pts]
-            for i, (name, (marker, color)) in enumerate(zip(("box", "cls", "dfl"), self.series())):
-                plt.plot(xs, [p[i + 1] for p in pts], label=name, marker=marker, color=color)
+        curves = self.curves(data)
+        for (name, xs, ys), (marker, color) in zip(curves, self.series(len(curves))):  # a term keeps its colour
+            if xs:
+                plt.plot(xs, ys, label=name, marker=marker, color=color)
 
 
 class MetricsPlot(_Plot):
@@ -82,5 +87,5 @@ class MetricsPlot(_Plot):
         plt.xlabel("epoch")
         if rows:
             xs = [r[0] for r in rows]
-            for i, (name, (marker, color)) in enumerate(zip(("P", "R", "mAP50", "mAP50-95"), self.series())):
+            for i, (name, (marker, color)) in enumerate(zip(("P", "R", "mAP50", "mAP50-95"), self.series(4))):
                 plt.plot(xs, [r[i + 1] for r in rows], label=name, marker=marker, color=color)
