@@ -24,7 +24,7 @@ def test_bench_step_reports_each_mode_and_graph_modes_fall_back_on_cpu():
         # CPU: no CUDA launches to count, and no GPU to be busy
         assert res["kernels_per_step"] == 0 and res["gpu_busy_frac"] is None and res["peak_allocated_gb"] is None
     assert eager["notes"] == [] and eager["speedup_vs_eager"] == 1.0
-    assert len(full["notes"]) == 1 and "needs a CUDA device; training eager on cpu" in full["notes"][0]
+    assert len(full["notes"]) == 1 and "need a CUDA device; training eager on cpu" in full["notes"][0]
 
 
 def test_bench_step_rejects_an_unknown_mode():

@@ -76,7 +76,7 @@ def test_autobatch_probe_fits_and_restores_batchnorm():
     from libreyolo.families import get_family
 
     device = torch.device("cuda:0")
-    cfg = TrainConfig()
+    cfg = TrainConfig.from_overrides({})
     fam = get_family("yolo9")
     train_net, loss_fn = autobatch.probe_model(fam, "t", 80, cfg, device)
     before = {k: v.clone() for k, v in train_net.named_buffers()}
