@@ -124,6 +124,16 @@ def test_a_family_from_outside_trains_validates_and_reports_its_own_terms(toy, t
     # the family's schedule drove the LR: every step of both epochs, and the halving in epoch 2
     assert len(SCHEDULED) == 2 * start["steps_per_epoch"] and float(rows[2][-1]) == pytest.approx(0.001)
     assert "toy_gain: 2.0" in (run / "args.yaml").read_text()
+    # the console folds the same file into the family's terms: rows, curves and table columns
+    from console.state import RunState
+    from console.widgets.epochs import columns
+
+    state = RunState()
+    state.apply(events)
+    assert state.terms == ("alpha", "beta") and sorted(state.rows) == [0, 1]
+    assert all(list(r.losses) == ["alpha", "beta"] for r in state.rows.values())
+    assert state.losses and all(list(p[1]) == ["alpha", "beta"] for p in state.losses)
+    assert columns(state.terms)[1:3] == ("alpha", "beta")
 
 
 def test_family_keys_belong_to_their_family(toy):
