@@ -51,7 +51,7 @@ class TrainConfig:
     warmup_epochs: float = opt(3.0, K.nonneg(K.number), "warm-up length in epochs (at least 100 steps)", "optim")
     warmup_momentum: float = opt(0.8, K.nonneg(K.number), "momentum at the start of warm-up", "optim")
     warmup_bias_lr: float = opt(0.1, K.nonneg(K.number), "bias learning rate at the start of warm-up", "optim")
-    nbs: int = opt(64, K.positive(K.integer), "nominal batch size: gradients accumulate to about this many images", "optim")
+    nbs: int | str = opt("auto", K.positive_or_auto(K.integer), "nominal batch size: gradients accumulate to about this many images; auto: 64 for long runs (over 10,000 optimizer steps at 64), the batch itself (a step per batch) for shorter ones", "optim")
     grad_clip: float = opt(10.0, K.nonneg(K.number), "clip the gradient norm to this value (0: off)", "optim")
     ema: bool = opt(True, K.boolean, "keep an exponential moving average of the weights for val and checkpoints", "optim")
     ema_decay: float = opt(0.9999, K.positive(K.number), "EMA decay d in d*(1-exp(-updates/ema_tau))", "optim")

@@ -128,6 +128,20 @@ def nonneg(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return p
 
 
+def positive_or_auto(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A positive number, or "auto" (decided once the run's length is known)."""
+
+    def p(v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        try:
+            return positive(parse)(v)
+        except ValueError:
+            raise ValueError("a positive integer or auto") from None
+
+    return p
+
+
 def imgsz(v: Any) -> int:
     s = integer(v)
     if s < 32 or s % 32:

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from libreyolo.engine.components import NOMINAL_BATCH
+
 FRACTION = 0.6
 PROBE_SIZES = (1, 2, 4, 8, 16)
 DEFAULT_BATCH = 16
@@ -133,7 +135,8 @@ def resolve_global_batch(cfg: Any, device: torch.device, ctx: Any, probe: Callab
     result = None
     if ctx.is_main:
         train_net, loss_fn = probe()
-        result = autobatch(train_net, loss_fn, device, cfg.imgsz, autocast_dtype, ctx.world_size, cfg.nbs, cfg.channels_last)
+        cap = NOMINAL_BATCH if cfg.nbs == "auto" else cfg.nbs
+        result = autobatch(train_net, loss_fn, device, cfg.imgsz, autocast_dtype, ctx.world_size, cap, cfg.channels_last)
     b, line = ctx.broadcast(result)
     notes.append(line)
     return b

@@ -37,6 +37,22 @@ class StepParts:
                          grad_clip, self.batch_scale, self.channels_last, self.flat)
 
 
+NOMINAL_BATCH = 64  # nbs=auto in a long run, and autobatch's cap: the Ultralytics convention the default LRs assume
+LONG_RUN_STEPS = 10_000  # optimizer steps (at NOMINAL_BATCH) above which a run counts as long
+
+
+def resolve_nbs(nbs: int | str, batch: int, n_train: int, epochs: int) -> int:
+    """nbs=auto: NOMINAL_BATCH for long runs; for shorter ones the batch itself, an optimizer step per batch
+    (measured on the H200 in docs/performance.md: more steps reach a target mAP sooner in short runs)."""
+    if nbs != "auto":
+        return int(nbs)
+    return NOMINAL_BATCH if optimizer_steps(n_train, batch, NOMINAL_BATCH, epochs) > LONG_RUN_STEPS else batch
+
+
+def optimizer_steps(n_train: int, batch: int, nbs: int, epochs: int) -> int:
+    return -(-n_train // max(batch, nbs)) * epochs
+
+
 def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device, batch: int, n_train: int,
                      batch_scale: float | None = None, reduce_normalizer: Callable | None = None, flat: bool = True) -> StepParts:
     """batch is the global batch (all processes together: accumulation, weight decay and the step count follow
@@ -47,10 +63,13 @@ def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device
     channels_last = cfg.channels_last and device.type == "cuda"
     if channels_last:
         train_net = train_net.to(memory_format=torch.channels_last)
-    accumulate = max(round(cfg.nbs / batch), 1)
-    iterations = -(-n_train // max(batch, cfg.nbs)) * cfg.epochs
+    nbs = resolve_nbs(cfg.nbs, batch, n_train, cfg.epochs)
+    accumulate = max(round(nbs / batch), 1)
+    # optimizer=auto tells long runs from short ones by their optimizer steps at the nominal batch (with nbs=auto
+    # a short run steps every batch: counting those would call it long sooner)
+    iterations = optimizer_steps(n_train, batch, NOMINAL_BATCH if cfg.nbs == "auto" else nbs, cfg.epochs)
     name, lr0, momentum = optim.resolve_optimizer(cfg, net.nc, iterations)
-    decay = cfg.weight_decay * batch * accumulate / cfg.nbs
+    decay = cfg.weight_decay * batch * accumulate / nbs
     optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device, family.param_groups)
     ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
     flat_params = FlatParams(train_net, amp.autocast_dtype, channels_last) if flat else None
