@@ -36,7 +36,6 @@ def run(argv: list[str]) -> int:
     eval_workers = kw.pop("eval_workers", None)
     kw.setdefault("model", "LibreYOLO9t")
     kw.setdefault("data", "shapes")
-    kw.setdefault("batch", 32)
     report = bench_val(TrainConfig.from_overrides({"imgsz": 640, **kw}), split, static, eval_workers)
     if as_json:
         print(json.dumps(report))

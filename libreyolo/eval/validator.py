@@ -55,31 +55,39 @@ def _no_stages(name: str) -> Any:
 
 
 class PendingValidation:
-    """A validation whose device part is done and whose COCO evaluation runs on a background thread."""
+    """A validation whose device part is done and whose COCO evaluation runs on a background thread (or, when
+    not started in the background, in the first call of result())."""
 
-    def __init__(self, acc: CocoAccumulator, base: dict[str, Any], eval_workers: int = 1):
-        self._base, self._out, self._error = base, None, None
-        self._thread = threading.Thread(target=self._evaluate, args=(acc, eval_workers), name="libreyolo-coco-eval", daemon=True)
-        self._thread.start()
+    def __init__(self, acc: CocoAccumulator, base: dict[str, Any], eval_workers: int = 1, background: bool = True):
+        self._acc, self._workers, self._base, self._out, self._error = acc, eval_workers, base, None, None
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._evaluate, name="libreyolo-coco-eval", daemon=True)
+            self._thread.start()
 
-    def _evaluate(self, acc: CocoAccumulator, workers: int) -> None:
+    def _evaluate(self) -> None:
         try:
             with _EVAL_LOCK:
                 t = time.perf_counter()
-                metrics = acc.evaluate(workers)
-                self._out = {**metrics, **self._base, "eval_s": time.perf_counter() - t, "detections": acc.num_detections}
+                metrics = self._acc.evaluate(self._workers)
+                self._out = {**metrics, **self._base, "eval_s": time.perf_counter() - t, "detections": self._acc.num_detections}
         except BaseException as e:  # handed to whoever asks for the result
             self._error = e
+        self._acc = None  # the detections are no longer needed
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        """Whether the COCO evaluation has finished (result() will not wait)."""
+        return self._out is not None or self._error is not None
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """Wait for the COCO evaluation -> precision, recall, map50, map, losses, images, time_s, eval_s, bad,
         detections. Raises what the evaluation raised; TimeoutError if it is still running after timeout."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"COCO evaluation still running after {timeout} s")
+        if self._thread is None and not self.done():
+            self._evaluate()
+        elif self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"COCO evaluation still running after {timeout} s")
         if self._error is not None:
             raise self._error
         return dict(self._out)
@@ -101,6 +109,7 @@ def start_validation(
     static_shape: bool = False,
     eval_workers: int = 1,
     stages: Stages | None = None,
+    background: bool = True,
 ) -> PendingValidation:
     """Run the network over the loader (a `ValLoader` or any loader of `collate`d validation batches) and start
     the COCO evaluation. The pending result has precision, recall, map50, map, losses {term: value} (the family's
@@ -109,7 +118,11 @@ def start_validation(
 
     static_shape: pad every batch to the loader's batch size (zero images, dropped again after the forward), so
     the forward sees one input shape, e.g. for a captured graph or cuDNN's per-shape algorithm timing.
-    eval_workers > 1: a large COCO evaluation is split by categories over that many processes (eval/coco.py)."""
+    eval_workers > 1: a large COCO evaluation is split by categories over that many processes (eval/coco.py).
+    background=False: the evaluation runs in the caller's thread when result() is first called.
+
+    The background thread shares the interpreter lock with the caller: faster-coco-eval holds it through its C++
+    evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
     t0 = time.perf_counter()
     st = stages or _no_stages
     was_training = net.training
@@ -154,13 +167,14 @@ def start_validation(
     finally:
         net.train(was_training)
     base = {"losses": dict(zip(family.loss_terms, losses)), "images": acc.num_images, "time_s": time.perf_counter() - t0, "bad": bad}
-    return PendingValidation(acc, base, eval_workers)
+    return PendingValidation(acc, base, eval_workers, background)
 
 
 def validate(net: nn.Module, family: Any, loader: Any, device: torch.device, names: list[str], loss_fn: Callable | None = None,
              conf: float = 0.001, iou: float = 0.7, max_det: int = 300, autocast_dtype: torch.dtype | None = None,
              channels_last: bool = False, **kwargs: Any) -> dict[str, Any]:
-    """`start_validation` and wait for its result (the metrics dict it describes)."""
+    """`start_validation` and its result (the metrics dict it describes); the COCO evaluation runs in this thread."""
+    kwargs.setdefault("background", False)
     return start_validation(net, family, loader, device, names, loss_fn, conf, iou, max_det, autocast_dtype, channels_last, **kwargs).result()
 
 
