@@ -25,15 +25,21 @@ STAGES = ("loader", "forward", "loss", "postprocess", "to_host", "coco_eval")
 
 
 def run(argv: list[str]) -> int:
-    extra = {"split": str, "json": flag, "static": flag, "eval_workers": int}
+    extra = {"split": str, "json": flag, "static": flag, "eval_workers": int, "nms_chunk": int, "nms_prefix": int}
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
         return show_help("bench val", KEYS, {"split": "val (default) or test", "static": "pad every batch to batch= (one input shape)",
-                                              "eval_workers": "processes for a large COCO evaluation (default: up to 8, by CPUs)", "json": "print JSON"})
+                                              "eval_workers": "processes for a large COCO evaluation (default: up to 8, by CPUs)",
+                                              "nms_chunk": "boxes per NMS call on CUDA (nn/nms.py CUDA_BOXES_PER_CALL)",
+                                              "nms_prefix": "the first NMS round's minimum candidates per image (nn/nms.py PREFIX_MIN)", "json": "print JSON"})
     kw = parse_kv(argv, KEYS, extra)
     as_json, split, static = kw.pop("json", False), kw.pop("split", "val"), kw.pop("static", False)
     eval_workers = kw.pop("eval_workers", None)
+    from libreyolo.nn import nms
+
+    nms.CUDA_BOXES_PER_CALL = kw.pop("nms_chunk", nms.CUDA_BOXES_PER_CALL)  # tuning knobs, this process only
+    nms.PREFIX_MIN = kw.pop("nms_prefix", nms.PREFIX_MIN)
     kw.setdefault("model", "LibreYOLO9t")
     kw.setdefault("data", "shapes")
     report = bench_val(TrainConfig.from_overrides({"imgsz": 640, **kw}), split, static, eval_workers)
@@ -111,7 +117,9 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
     finally:
         loader.close()
     images = plain["images"]
-    meta = {"model": model.model_name, "trained": model.trained, "data": str(dc.yaml_path), "split": split, "imgsz": cfg.imgsz, "batch": batch,
+    from libreyolo.nn import nms
+
+    meta = {"model": model.model_name, "nms_chunk": nms.CUDA_BOXES_PER_CALL, "nms_prefix": nms.PREFIX_MIN, "trained": model.trained, "data": str(dc.yaml_path), "split": split, "imgsz": cfg.imgsz, "batch": batch,
             "workers": workers, "eval_workers": eval_workers, "static": static, "conf": cfg.conf, "iou": cfg.iou, "max_det": cfg.max_det,
             "amp": amp.enabled, "amp_dtype": amp.dtype, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}

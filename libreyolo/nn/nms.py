@@ -18,10 +18,12 @@ from __future__ import annotations
 import torch
 from torchvision.ops import nms
 
-# Boxes per torchvision NMS call on CUDA: its kernel writes an N x N/64 bit mask (N^2/8 bytes, 50 MB at 20,000,
-# about the H200's L2) and then walks it in one thread block. On the CPU the kernel compares every remaining
-# box with each kept one, classes and images alike, so there each image gets its own call.
-CUDA_BOXES_PER_CALL = 20_000
+# Boxes per torchvision NMS call on CUDA: its kernel writes an N x N/64 bit mask (N^2/8 bytes: 12.5 MB at 10,000,
+# well inside the H200's 50 MB L2) and then walks it in one thread block, one step per kept box, each reading
+# that box's mask row: small masks keep those reads in L2, at the price of more calls (one host sync each).
+# On the CPU the kernel compares every remaining box with each kept one, classes and images alike, so there each
+# image gets its own call. `libreyolo bench val nms_chunk=N` tries other values.
+CUDA_BOXES_PER_CALL = 10_000
 # NMS runs in rounds over a prefix of each image's candidates, max(PREFIX_MIN, 8 * max_det) of them, then 4x more
 # for the images still short of max_det survivors, and so on. Greedy NMS decides a box from the boxes before it
 # only, so once a prefix yields max_det survivors they are exactly the first max_det of the full run. An untrained
