@@ -199,3 +199,20 @@ def test_parallel_coco_evaluation_by_categories_is_exact(monkeypatch):
     monkeypatch.setattr(coco, "PARALLEL_MIN_DETECTIONS", 0)
     one, two = accs[0].evaluate(1), accs[1].evaluate(3)
     assert one == two and one["map50"] > 0.1
+
+
+def test_release_workers_stops_a_prefetched_persistent_val_loader(tiny_data):
+    """The trainer's release_workers (engine/setup.py) also stops a primed persistent ValLoader: the started pass
+    lives only in DataLoader's own iterator slot."""
+    from libreyolo.engine.setup import release_workers
+
+    ds, _ = _dataset(tiny_data)
+    loader = ValLoader(ds, 3, 1, False, persistent=True)
+    loader.prefetch()
+    proc = loader._iterator._workers[0]
+    assert proc.is_alive()
+    release_workers(loader)
+    proc.join(10)
+    assert not proc.is_alive()
+    assert [i for b in loader for i in b["index"].tolist()] == list(range(len(ds)))  # a new pass still works
+    loader.close()
