@@ -5,13 +5,14 @@ Costs measured on the 2-core CPU machine (docs/performance.md) and what follows 
   comprehension) with the cyclic garbage collector paused: a million dicts otherwise trigger collections that
   walk every one of them again and again (3.0 -> 1.3 s for 300,000 detections).
 - detections go in through COCO's constructor, not `loadRes`, which walks them again to add polygon outlines a
-  box evaluation never reads.
+  box evaluation never reads. faster-coco-eval's numpy input (`loadRes(ndarray)`) builds the same dicts row by
+  row and then adds the outlines: 0.29 CPU s for 60,000 detections, against 0.07 s here.
 - only what the metrics read is evaluated: the 'all' area range at 100 detections per image and class (the
   standard maxDets the reported mAP uses). The three other area ranges and the 1- and 10-detection caps would
-  be computed and thrown away: half of the evaluation's time. The precision array for what is kept is the same
+  be computed and thrown away: half of the C++ evaluation's time (1.76 -> 0.84 s for 300,000 detections). The precision array for what is kept is the same
   to the bit as in a full evaluation, so mAP equals faster-coco-eval's own summary (tests/test_coco.py).
 - categories are independent in COCO evaluation, so a large evaluation (COCO val2017: 5,000 images, up to 1.5 M
-  detections, ~10 s of CPU in one process) can be split by categories over processes and the per-category
+  detections, 12 s of CPU in one process here, 34 s before these changes) can be split by categories over processes and the per-category
   precision curves put back together in category order: the same array, the same means."""
 
 from __future__ import annotations
