@@ -9,11 +9,13 @@ Costs measured on the 2-core CPU machine (docs/performance.md) and what follows 
   row and then adds the outlines: 0.29 CPU s for 60,000 detections, against 0.07 s here.
 - only what the metrics read is evaluated: the 'all' area range at 100 detections per image and class (the
   standard maxDets the reported mAP uses). The three other area ranges and the 1- and 10-detection caps would
-  be computed and thrown away: half of the C++ evaluation's time (1.76 -> 0.84 s for 300,000 detections). The precision array for what is kept is the same
-  to the bit as in a full evaluation, so mAP equals faster-coco-eval's own summary (tests/test_coco.py).
-- categories are independent in COCO evaluation, so a large evaluation (COCO val2017: 5,000 images, up to 1.5 M
-  detections, 12 s of CPU in one process here, 34 s before these changes) can be split by categories over processes and the per-category
-  precision curves put back together in category order: the same array, the same means."""
+  be computed and thrown away: half of the C++ evaluation's time (1.76 -> 0.84 s for 300,000 detections).
+  The precision array for what is kept is the same to the bit as in a full evaluation, so mAP equals
+  faster-coco-eval's own summary (tests/test_coco.py).
+- categories are independent in COCO evaluation, so a large evaluation (COCO val2017: 5,000 images, up to
+  1.5 M detections, 12 s of CPU in one process here, 34 s before these changes) can be split by categories
+  over processes and the per-category precision curves put back together in category order: the same array,
+  the same means."""
 
 from __future__ import annotations
 
