@@ -15,7 +15,7 @@ from libreyolo.data.config import IMG_EXTS
 from libreyolo.data.dataset import read_image
 from libreyolo.distributed.device import parse_device
 from libreyolo.errors import DataError
-from libreyolo.eval.validator import to_input
+from libreyolo.eval.validator import to_input, to_original
 from libreyolo.nn.nms import split_detections
 
 
@@ -75,12 +75,10 @@ def run_predict(model: Any, source: Any, conf: float = 0.25, iou: float = 0.7, i
             imgs.append(lb)
             metas.append((path, img, r, pad))
         x = to_input(torch.from_numpy(np.stack(imgs)), dev)
-        dets = split_detections(model.family.postprocess(net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det), x.shape[0])
-        for d, (path, img, r, (px, py)) in zip(dets, metas):
-            h, w = img.shape[:2]
-            boxes = d["boxes"].float().cpu()
-            boxes = (boxes - torch.tensor([px, py, px, py])) / r
-            boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
-            boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
-            results.append(Results(boxes, d["scores"].float().cpu(), d["classes"].cpu(), model.names, (h, w), path, img))
+        packed = model.family.postprocess(net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det)
+        # boxes back to original pixels on the device, then one copy of the batch's detections to the host
+        lb = torch.tensor([[r, px, py, img.shape[0], img.shape[1]] for _, img, r, (px, py) in metas], dtype=torch.float32, device=dev)
+        packed = to_original(packed, lb[:, 0], lb[:, 1:3], lb[:, 3:5]).cpu()
+        for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas):
+            results.append(Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img))
     return results

@@ -1,4 +1,4 @@
-"""libreyolo bench step|loader ... : each benchmark lives in libreyolo/bench/<name>.py and has run(argv) -> int."""
+"""libreyolo bench step|loader|val ... : each benchmark lives in libreyolo/bench/<name>.py and has run(argv) -> int."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from libreyolo.errors import ConfigError
 BENCHES = {
     "step": "training step time on one replayed batch: eager, cuda_graph=true, cuda_graph=full",
     "loader": "data loader images/s for each cache mode and a range of worker counts",
+    "val": "validation images/s and seconds per stage: loader, forward, loss, NMS, copy, COCO evaluation",
 }
 
 

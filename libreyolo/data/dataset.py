@@ -41,9 +41,23 @@ class YOLODataset(Dataset):
         self.files = [str(f) for f in labels.files]
         # optional RAM/disk cache of resized images (see data/cache.py); None reads files
         self.image_source = image_source
+        self._ground_truth: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def ground_truth(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every image's boxes in original pixels, for COCO evaluation, made once per dataset (not per
+        validation): rows (n, 6) image index, class, x1, y1, x2, y2 and sizes (I, 2) height, width, float64."""
+        if self._ground_truth is None:
+            labels = self.labels.labels
+            lab = np.concatenate(labels).reshape(-1, 5) if labels else np.zeros((0, 5), np.float32)
+            sizes = np.asarray(self.labels.shapes, np.float32).reshape(-1, 2)
+            img = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
+            wh = sizes[img][:, ::-1]
+            xyxy = np.concatenate([lab[:, 1:3] - lab[:, 3:5] / 2, lab[:, 1:3] + lab[:, 3:5] / 2], 1) * np.tile(wh, 2)  # float32
+            self._ground_truth = (np.column_stack([img, lab[:, 0], xyxy]).astype(np.float64), sizes.astype(np.float64))
+        return self._ground_truth
 
     def load(self, i: int) -> tuple[np.ndarray | None, np.ndarray]:
         """Image resized so its long side is imgsz, and its boxes (class, x1, y1, x2, y2) in those pixels."""
@@ -112,7 +126,7 @@ class YOLODataset(Dataset):
         h0, w0 = self.labels.shapes[i]
         # original pixels -> letterboxed pixels is x * scale + pad; predictions are mapped back with the inverse
         scale = r * resized_long / max(h0, w0)
-        return {"img": img, "boxes": boxes, "index": i, "bad": [], "scale": scale, "pad": (px, py)}
+        return {"img": img, "boxes": boxes, "index": i, "bad": [], "scale": scale, "pad": (px, py), "shape": (h0, w0)}
 
 
 class _Unreadable(Exception):
@@ -127,7 +141,8 @@ def capacity(n: int, minimum: int = 4) -> int:
 
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """-> img (B, H, W, 3) uint8, targets (B, M, 5) float32, mask (B, M) bool, index (B,), and val extras."""
+    """-> img (B, H, W, 3) uint8, targets (B, M, 5) float32, mask (B, M) bool, index (B,), and for validation
+    scale (B,), pad (B, 2) x, y and shape (B, 2) original height, width (float32): letterboxed = original * scale + pad."""
     bad = [p for s in samples for p in s["bad"]]
     samples = [s for s in samples if s["img"] is not None]
     B = len(samples)
@@ -148,4 +163,5 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if samples and "scale" in samples[0]:
         batch["scale"] = torch.tensor([s["scale"] for s in samples], dtype=torch.float32)
         batch["pad"] = torch.tensor([s["pad"] for s in samples], dtype=torch.float32)
+        batch["shape"] = torch.tensor([s["shape"] for s in samples], dtype=torch.float32)
     return batch

@@ -1,18 +1,28 @@
-"""Validation: loss on the validation set and COCO mAP of the (EMA) network."""
+"""Validation: loss on the validation set and COCO mAP of the (EMA) network.
+
+Split in two so that the COCO evaluation leaves the training loop's path:
+- `start_validation` holds the caller for what needs the device: forward, loss, batched NMS, boxes mapped back
+  to original pixels on the device, and one device-to-host copy per batch;
+- the COCO evaluation of the collected arrays then runs on a background thread: `PendingValidation.done()` says
+  whether it finished, `.result()` waits for it and returns the metrics.
+`validate` is the two in a row."""
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
 from libreyolo.data.dataset import YOLODataset
 from libreyolo.engine.step import normalize
 from libreyolo.eval.coco import CocoAccumulator
-from libreyolo.nn.nms import split_detections
+
+# COCO evaluations run one at a time: two at once would double their memory and share one interpreter lock
+_EVAL_LOCK = threading.Lock()
 
 
 def to_input(img: torch.Tensor, device: torch.device, channels_last: bool = False) -> torch.Tensor:
@@ -20,11 +30,74 @@ def to_input(img: torch.Tensor, device: torch.device, channels_last: bool = Fals
     return normalize(img.to(device, non_blocking=True), channels_last)
 
 
+class Stages:
+    """Seconds per validation stage, for `libreyolo bench val`: it synchronises the device around every stage,
+    which a normal validation never does, so stages do not overlap while measured."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds = device, {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self._sync()
+        t = time.perf_counter()
+        yield
+        self._sync()
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _no_stages(name: str) -> Any:
+    return nullcontext()
+
+
+class PendingValidation:
+    """A validation whose device part is done and whose COCO evaluation runs on a background thread (or, when
+    not started in the background, in the first call of result())."""
+
+    def __init__(self, acc: CocoAccumulator, base: dict[str, Any], eval_workers: int = 1, background: bool = True):
+        self._acc, self._workers, self._base, self._out, self._error = acc, eval_workers, base, None, None
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._evaluate, name="libreyolo-coco-eval", daemon=True)
+            self._thread.start()
+
+    def _evaluate(self) -> None:
+        try:
+            with _EVAL_LOCK:
+                t = time.perf_counter()
+                metrics = self._acc.evaluate(self._workers)
+                self._out = {**metrics, **self._base, "eval_s": time.perf_counter() - t, "detections": self._acc.num_detections}
+        except BaseException as e:  # handed to whoever asks for the result
+            self._error = e
+        self._acc = None  # the detections are no longer needed
+
+    def done(self) -> bool:
+        """Whether the COCO evaluation has finished (result() will not wait)."""
+        return self._out is not None or self._error is not None
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """Wait for the COCO evaluation -> precision, recall, map50, map, losses, images, time_s, eval_s, bad,
+        detections. Raises what the evaluation raised; TimeoutError if it is still running after timeout."""
+        if self._thread is None and not self.done():
+            self._evaluate()
+        elif self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"COCO evaluation still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return dict(self._out)
+
+
 @torch.no_grad()
-def validate(
+def start_validation(
     net: nn.Module,
     family: Any,
-    loader: torch.utils.data.DataLoader,
+    loader: Any,
     device: torch.device,
     names: list[str],
     loss_fn: Callable | None = None,
@@ -33,47 +106,94 @@ def validate(
     max_det: int = 300,
     autocast_dtype: torch.dtype | None = None,
     channels_last: bool = False,
-) -> dict[str, Any]:
-    """-> precision, recall, map50, map, losses {term: value} (the family's loss terms), images, time_s (all of it),
-    eval_s (the COCO evaluation), bad (unreadable files)."""
-    t0 = time.time()
+    static_shape: bool = False,
+    eval_workers: int = 1,
+    stages: Stages | None = None,
+    background: bool = True,
+) -> PendingValidation:
+    """Run the network over the loader (a `ValLoader` or any loader of `collate`d validation batches) and start
+    the COCO evaluation. The pending result has precision, recall, map50, map, losses {term: value} (the family's
+    loss terms), images, time_s (the seconds this call held the caller), eval_s (the COCO evaluation), bad
+    (unreadable files) and detections.
+
+    static_shape: pad every batch to the loader's batch size (zero images, dropped again after the forward), so
+    the forward sees one input shape, e.g. for a captured graph or cuDNN's per-shape algorithm timing.
+    eval_workers > 1: a large COCO evaluation is split by categories over that many processes (eval/coco.py).
+    background=False: the evaluation runs in the caller's thread when result() is first called.
+
+    The background thread shares the interpreter lock with the caller: faster-coco-eval holds it through its C++
+    evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
+    t0 = time.perf_counter()
+    st = stages or _no_stages
     was_training = net.training
     net.eval()
     dataset: YOLODataset = loader.dataset
-    acc = CocoAccumulator(names)
+    acc = CocoAccumulator(names, dataset.ground_truth())
     loss_sum = torch.zeros(len(family.loss_terms), device=device)
     batches, bad = 0, []
-    for batch in loader:
-        bad.extend(batch["bad"])
-        if batch["img"].shape[0] == 0:
-            continue
-        x = to_input(batch["img"], device, channels_last)
-        imgsz = (x.shape[2], x.shape[3])
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            raw = net(x)
-        if loss_fn is not None:
-            _, items = loss_fn(raw, batch["targets"].to(device), batch["mask"].to(device), imgsz, 1.0)
-            loss_sum += items
-        dets = split_detections(family.postprocess(net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=True), x.shape[0])
-        for k, d in enumerate(dets):
-            i = int(batch["index"][k])
-            s, (px, py) = float(batch["scale"][k]), batch["pad"][k].tolist()
-            h0, w0 = dataset.labels.shapes[i]
-            boxes = d["boxes"].float().cpu().numpy()
-            boxes = (boxes - (px, py, px, py)) / s
-            boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, w0)
-            boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, h0)
-            lab = dataset.labels.labels[i]
-            gt = np.concatenate([lab[:, :1], _cxcywh_to_xyxy(lab[:, 1:]) * (w0, h0, w0, h0)], 1)
-            acc.add(i, (h0, w0), gt, boxes, d["scores"].float().cpu().numpy(), d["classes"].cpu().numpy())
-        batches += 1
-    t_eval = time.time()
-    metrics = acc.evaluate()
-    losses = (loss_sum / max(batches, 1)).tolist()
-    net.train(was_training)
-    return {**metrics, "losses": dict(zip(family.loss_terms, losses)), "images": len(acc.images), "time_s": time.time() - t0,
-            "eval_s": time.time() - t_eval, "bad": bad}
+    size = getattr(loader, "batch_size", None) if static_shape else None
+    it = iter(loader)
+    try:
+        while True:
+            with st("loader"):
+                batch = next(it, None)
+            if batch is None:
+                break
+            bad.extend(batch["bad"])
+            n = batch["img"].shape[0]
+            if n == 0:
+                continue
+            with st("forward"):
+                x = to_input(batch["img"], device, channels_last)
+                if size and n < size:
+                    x = torch.cat((x, x.new_zeros((size - n, *x.shape[1:])))).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+                imgsz = (x.shape[2], x.shape[3])
+                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                    raw = net(x)
+                if x.shape[0] > n:
+                    raw = _first(raw, n)
+            if loss_fn is not None:
+                with st("loss"):
+                    _, items = loss_fn(raw, batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True), imgsz, 1.0)
+                    loss_sum += items
+            with st("postprocess"):
+                packed = family.postprocess(net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=True)
+                dets = to_original(packed, *(batch[k].to(device, non_blocking=True) for k in ("scale", "pad", "shape")))
+            with st("to_host"):
+                host = dets.cpu().numpy()  # the batch's one device-to-host copy
+            acc.add_batch(batch["index"].numpy(), host)
+            batches += 1
+        losses = (loss_sum / max(batches, 1)).tolist()
+    finally:
+        net.train(was_training)
+    base = {"losses": dict(zip(family.loss_terms, losses)), "images": acc.num_images, "time_s": time.perf_counter() - t0, "bad": bad}
+    return PendingValidation(acc, base, eval_workers, background)
 
 
-def _cxcywh_to_xyxy(b: np.ndarray) -> np.ndarray:
-    return np.concatenate([b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2], 1)
+def validate(net: nn.Module, family: Any, loader: Any, device: torch.device, names: list[str], loss_fn: Callable | None = None,
+             conf: float = 0.001, iou: float = 0.7, max_det: int = 300, autocast_dtype: torch.dtype | None = None,
+             channels_last: bool = False, **kwargs: Any) -> dict[str, Any]:
+    """`start_validation` and its result (the metrics dict it describes); the COCO evaluation runs in this thread."""
+    kwargs.setdefault("background", False)
+    return start_validation(net, family, loader, device, names, loss_fn, conf, iou, max_det, autocast_dtype, channels_last, **kwargs).result()
+
+
+def to_original(packed: torch.Tensor, scale: torch.Tensor, pad: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
+    """Packed detections in letterboxed input pixels -> the same in each image's original pixels, clipped to the
+    image (scale (B,), pad (B, 2) x, y, shape (B, 2) height, width: a batch's letterbox), on their device."""
+    b = packed[:, 0].long()
+    xyxy = (packed[:, 1:5] - pad[b].repeat(1, 2)) / scale[b, None]
+    wh = shape[b].flip(1).repeat(1, 2)
+    xyxy = torch.minimum(xyxy.clamp(min=0), wh)
+    return torch.cat((packed[:, :1], xyxy, packed[:, 5:]), 1)
+
+
+def _first(out: Any, n: int) -> Any:
+    """The first n images of whatever the network returned (tensors, tuples and lists of them), batch first."""
+    if isinstance(out, torch.Tensor):
+        return out[:n]
+    if isinstance(out, (tuple, list)):
+        return type(out)(_first(o, n) for o in out)
+    if isinstance(out, dict):
+        return {k: _first(v, n) for k, v in out.items()}
+    return out

@@ -1,0 +1,82 @@
+"""Batched NMS and the validator on a real GPU (run on the device: python -m pytest -m gpu tests/test_val_gpu.py -s).
+
+On CUDA the batched NMS must still equal its per-image definition bit for bit (both run the same torchvision
+kernel on the same shifted boxes); CPU and CUDA may differ in a last-bit IoU at the threshold (the CUDA kernel
+may fuse multiply-adds), so they are compared by counts only. Prints the postprocess time per batch."""
+
+import time
+
+import pytest
+import torch
+
+from libreyolo.nn.nms import nms_packed, nms_packed_reference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DEV = torch.device("cuda:0")
+
+
+def _untrained_outputs(batch: int, imgsz: int, nc: int):
+    from libreyolo.families.yolo9.network import YOLO9
+
+    torch.manual_seed(0)
+    net = YOLO9("t", nc).to(DEV).eval()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        raw = net(torch.rand(batch, 3, imgsz, imgsz, device=DEV))
+    pred = net.head.decode(raw.float(), net.feature_shapes(imgsz, imgsz))
+    return pred[..., :4], pred[..., 4:]
+
+
+@pytest.mark.parametrize("nc", [3, 80])
+def test_batched_nms_equals_the_reference_on_cuda(nc):
+    boxes, scores = _untrained_outputs(16, 640, nc)
+    for multi_label in (True, False):
+        got = nms_packed(boxes, scores, 0.001, 0.7, 300, multi_label)
+        ref = nms_packed_reference(boxes, scores, 0.001, 0.7, 300, multi_label)
+        assert torch.equal(got, ref)
+        cpu = nms_packed(boxes.cpu(), scores.cpu(), 0.001, 0.7, 300, multi_label)
+        assert abs(len(cpu) - len(got)) <= 0.01 * len(got)
+
+
+@pytest.mark.parametrize("nc,batch", [(3, 32), (80, 64)])
+def test_postprocess_time_per_batch(nc, batch):
+    boxes, scores = _untrained_outputs(batch, 640, nc)
+    for _ in range(2):
+        nms_packed(boxes, scores, 0.001, 0.7, 300, True)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(5):
+        out = nms_packed(boxes, scores, 0.001, 0.7, 300, True)
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t) / 5 * 1000
+    print(f"\nnms_packed: {nc} classes, batch {batch}, 640 px, untrained: {ms:.1f} ms per batch, {len(out)} detections")
+    assert len(out) == 300 * batch
+
+
+def test_validation_on_cuda_gives_the_cpu_metrics(tmp_path):
+    """The whole validator (loader, AMP forward, loss, NMS, mapping, one copy, COCO in the background) on CUDA and
+    on the CPU: the same images, and metrics within float noise of each other."""
+    from libreyolo import LibreYOLO
+    from libreyolo.config import TrainConfig
+    from libreyolo.data.config import list_images, load_data_config
+    from libreyolo.data.dataset import YOLODataset
+    from libreyolo.data.labels import scan_labels
+    from libreyolo.data.loader import ValLoader
+    from libreyolo.data.shapes import make_shapes
+    from libreyolo.eval.validator import start_validation
+
+    dc = load_data_config(str(make_shapes(tmp_path / "shapes", n_train=2, n_val=40, size=320)))
+    ds = YOLODataset(scan_labels(list_images(dc.val), dc.nc), 320, augment=False)
+    model = LibreYOLO("LibreYOLO9t")
+    net = model.prepare_for_training(dc.names, fresh=True)
+    out = {}
+    for dev in (torch.device("cpu"), DEV):
+        net = net.to(dev)
+        loader = ValLoader(ds, 16, 2, dev.type == "cuda", persistent=True)
+        loader.prefetch()
+        pending = start_validation(net, model.family, loader, dev, dc.names, model.family.loss(net, TrainConfig.from_overrides({"imgsz": 320})),
+                                   static_shape=dev.type == "cuda")
+        out[dev.type] = pending.result()
+        loader.close()
+    assert out["cpu"]["images"] == out["cuda"]["images"] == 40
+    for k in ("map", "map50"):
+        assert out["cuda"][k] == pytest.approx(out["cpu"][k], abs=0.02)
