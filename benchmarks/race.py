@@ -55,6 +55,7 @@ def split(events: list[dict], launch: float, exit_t: float) -> dict:
         "graph": [f"{g['action']}: {g['reason']}" for g in by("graph")],
         "amp": [a["reason"] for a in by("amp")],
         "mode": by("run_start")[0].get("cuda_graph_mode"),
+        **{k: by("run_start")[0][k] for k in ("accumulate", "steps_per_epoch", "optimizer", "batch")},
     }
 
 
