@@ -175,10 +175,10 @@ def test_train_workers_decode_the_next_epoch_while_the_last_one_validates(tiny_d
     """The next epoch's iterator is opened before validation: its first batches are ready when training
     resumes instead of the GPU waiting for a cold queue (the race lost ~0.4 s per epoch to that)."""
     from libreyolo.data.dataset import YOLODataset
-    from libreyolo.engine import trainer as trainer_mod
+    from libreyolo.engine import epochval
 
     log = tmp_path / "requested.txt"
-    real_getitem, real_validate = YOLODataset.__getitem__, trainer_mod.validate
+    real_getitem, real_validate = YOLODataset.__getitem__, epochval.start_validation
 
     def logging_getitem(self, key):  # runs in the (forked) loader workers
         if isinstance(key, tuple):
@@ -196,7 +196,7 @@ def test_train_workers_decode_the_next_epoch_while_the_last_one_validates(tiny_d
         return real_validate(*args, **kwargs)
 
     monkeypatch.setattr(YOLODataset, "__getitem__", logging_getitem)
-    monkeypatch.setattr(trainer_mod, "validate", watching_validate)
+    monkeypatch.setattr(epochval, "start_validation", watching_validate)
     _train(tiny_data, tmp_path, epochs=2, workers=2)
     assert seen_during_val[0] == ["0", "1"]  # epoch 1's images were being decoded while epoch 0 validated
 
@@ -214,3 +214,59 @@ def test_cudnn_benchmark_auto_times_algorithms_only_for_long_runs(tiny_data, tmp
     assert torch.backends.cudnn.benchmark is True
     _train(tiny_data, tmp_path / "auto", epochs=1)  # a handful of steps: not worth the timing
     assert torch.backends.cudnn.benchmark is False
+
+
+def _planted_evaluations(monkeypatch, maps: list[float], seconds: float) -> list[dict]:
+    """COCO evaluations that take `seconds` (so they land while the next epoch trains) and return planted mAPs;
+    -> the EMA weights each validation started from, in order."""
+    from libreyolo.engine import epochval
+    from libreyolo.eval.coco import CocoAccumulator
+
+    planted, started = list(maps), []
+    real_start = epochval.start_validation
+
+    def evaluate(self, workers=1):
+        time.sleep(seconds)
+        m = planted.pop(0)
+        return {"map50": m, "map": m, "precision": m, "recall": m}
+
+    def start(net, *args, **kwargs):
+        started.append({k: v.detach().clone() for k, v in net.state_dict().items()})
+        return real_start(net, *args, **kwargs)
+
+    monkeypatch.setattr(CocoAccumulator, "evaluate", evaluate)
+    monkeypatch.setattr(epochval, "start_validation", start)
+    return started
+
+
+def test_background_evaluation_lands_during_the_next_epoch_and_best_pt_follows_it(tiny_data, tmp_path, monkeypatch):
+    started = _planted_evaluations(monkeypatch, [0.2, 0.5, 0.3], seconds=1.0)
+    m, _ = _train(tiny_data, tmp_path, epochs=3)
+    events = list(read_events(m.last_run / "events.jsonl"))
+    order = [(e["type"], e.get("epoch"), e.get("kind")) for e in events]
+    # epoch 1 had started (training on) before epoch 0's evaluation landed; every evaluation landed before run_end
+    assert order.index(("epoch_start", 1, None)) < order.index(("val", 0, None))
+    vals = [e for e in events if e["type"] == "val"]
+    assert [v["epoch"] for v in vals] == [0, 1, 2] and [v["map"] for v in vals] == [0.2, 0.5, 0.3]
+    assert all(v["eval_s"] >= 1.0 and v["time_s"] < v["eval_s"] + 60 for v in vals)
+    assert order.index(("val", 2, None)) < order.index(("run_end", None, None))
+    # best.pt: saved when epoch 1's evaluation landed (after it), from the weights epoch 1 validated, not later ones
+    bests = [i for i, o in enumerate(order) if o[0] == "checkpoint" and o[2] == "best"]
+    assert order.index(("val", 1, None)) < bests[-1]
+    best = load_checkpoint(m.last_run / "weights" / "best.pt")
+    assert best["epoch"] == 2 and best["metrics"]["map"] == 0.5 and best["best_fitness"] == pytest.approx(0.5)
+    for k, v in started[1].items():
+        torch.testing.assert_close(best["model"][k], v.cpu(), rtol=0, atol=0, msg=k)
+    assert any(not torch.equal(started[1][k], started[2][k]) for k in started[1])  # epoch 2 did change the weights
+    with open(m.last_run / "results.csv") as f:
+        assert [r["metrics/mAP50-95(B)"] for r in csv.DictReader(f)] == ["0.2", "0.5", "0.3"]
+
+
+def test_early_stopping_takes_effect_when_the_evaluation_lands(tiny_data, tmp_path, monkeypatch):
+    _planted_evaluations(monkeypatch, [0.5, 0.2, 0.9, 0.9], seconds=0.5)
+    m, _ = _train(tiny_data, tmp_path, epochs=4, patience=1)
+    events = list(read_events(m.last_run / "events.jsonl"))
+    assert events[-1]["type"] == "run_end" and events[-1]["status"] == "early_stop"
+    assert [e["epoch"] for e in events if e["type"] == "val"] == [0, 1]  # epoch 1 was not better: no epoch 2 validation
+    assert [e["code"] for e in events if e["type"] == "warning"] == ["patience"]
+    assert load_checkpoint(m.last_run / "weights" / "best.pt")["metrics"]["map"] == 0.5

@@ -79,7 +79,7 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
     eval_workers = eval_workers or min(8, cpu_count())
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     net = model.net.to(device).eval()
-    loss_fn = model.family.loss(net, cfg)
+    loss_fn = model.family.loss(net, TrainConfig.from_overrides({}, family=model.family))  # the family's own loss gains
     loader = ValLoader(YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda", persistent=True)
 
     def validation(stages: Stages | None = None) -> dict[str, Any]:

@@ -167,6 +167,7 @@ class _NetGraph:
         self.x: torch.Tensor | None = None
         self.outs: tuple[torch.Tensor, ...] = ()
         self.grad_outs: list[torch.Tensor] = []
+        self.single = False  # the network returns one tensor, not a tuple
 
 
 class NetworkGraphStep(GraphRunner):
@@ -203,7 +204,9 @@ class NetworkGraphStep(GraphRunner):
         with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
             # the autocast weight-cast cache must not outlive the capture: casts are captured kernels
             with torch.autocast("cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False):
-                g.outs = tuple(e.flat.forward(g.x))
+                out = e.flat.forward(g.x)
+        g.single = isinstance(out, torch.Tensor)  # the loss gets what the network returns: a tensor or a tuple
+        g.outs = (out,) if g.single else tuple(out)
         g.grad_outs = [torch.empty_like(o) for o in g.outs]
         with torch.cuda.graph(g.bwd, pool=pool, capture_error_mode="thread_local"):
             torch.autograd.backward(g.outs, grad_tensors=g.grad_outs)
@@ -223,7 +226,7 @@ class NetworkGraphStep(GraphRunner):
             g.fwd.replay()
         outs = tuple(o.detach().requires_grad_(True) for o in g.outs)
         with phases("loss"):
-            loss, items = e.loss_fn(outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale)
+            loss, items = e.loss_fn(outs[0] if g.single else outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale)
         with phases("backward"):
             e.scaler.scale(loss).backward()
             for dst, o in zip(g.grad_outs, outs):

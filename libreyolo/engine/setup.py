@@ -17,7 +17,7 @@ from libreyolo.data.cache import open_image_cache
 from libreyolo.data.config import DataConfig, list_images, load_data_config
 from libreyolo.data.dataset import AugmentConfig, YOLODataset
 from libreyolo.data.labels import LabelSet, scan_labels
-from libreyolo.data.loader import TrainBatchSampler, default_workers, train_loader, val_loader
+from libreyolo.data.loader import TrainBatchSampler, ValLoader, default_val_workers, default_workers, train_loader, val_loader
 from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim
@@ -62,7 +62,7 @@ class TrainSetup:
     loss_fn: Callable  # the training loss (the step runner holds it too; a family hook may switch its terms)
     val_loss: Callable
     train_loader: torch.utils.data.DataLoader
-    val_loader: torch.utils.data.DataLoader
+    val_loader: ValLoader
     sampler: TrainBatchSampler
     batch_per_rank: int
     accumulate: int
@@ -111,6 +111,7 @@ class TrainSetup:
 
     def close(self) -> None:
         release_workers(self.train_loader)
+        self.val_loader.close()
         for fn in self.closers:
             fn()
 
@@ -190,7 +191,8 @@ def build_setup(trainer: Any) -> TrainSetup:
     cache_closers = [c.close for c in caches if c is not None]  # the last user on the host deletes a RAM cache
     # --- end image cache
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size)
-    vl = val_loader(val_ds, min(batch_per_rank * 2, 64), min(workers, 4), pin)
+    # persistent validation workers: no start-up each epoch, and they decode during an epoch's last steps
+    vl = val_loader(val_ds, min(batch_per_rank * 2, 64), default_val_workers(workers), pin, persistent=dist.is_main)
     nb = tl.batch_sampler.batches_per_epoch()
     torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 

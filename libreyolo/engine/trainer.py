@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import traceback
@@ -15,13 +14,12 @@ from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
 from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
+from libreyolo.engine.epochval import VAL_PREFETCH_STEPS, EpochValidations
 from libreyolo.engine.lossscale import probe_loss_scale, set_start_scale
 from libreyolo.engine.meters import LossMeter, Throughput
-from libreyolo.engine.rundir import append_results, results_columns, results_row
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.state import model_record, restore_rng, rng_state
 from libreyolo.engine.step import NO_PHASES, normalize
-from libreyolo.eval.validator import validate
 
 HEARTBEAT_S = 10.0
 
@@ -62,6 +60,7 @@ class Trainer:
     def train(self) -> dict[str, float]:
         t0 = time.time()
         self.s = s = build_setup(self)
+        self.vals = EpochValidations(self)
         status = "failed"
         try:
             self.emit(s.run_start_event())
@@ -81,6 +80,8 @@ class Trainer:
             status = ended
         except KeyboardInterrupt:
             status = "interrupted"
+            if s.world_size == 1:  # an evaluation in flight still lands: results.csv and best.pt stay complete
+                self.vals.settle(wait=True)
             self.save("last", kind="interrupt", wait=True)
             raise
         except BaseException as e:
@@ -97,7 +98,6 @@ class Trainer:
 
     def _epochs(self) -> str:
         s, cfg = self.s, self.cfg
-        patience_left = cfg.patience or math.inf
         opened = None
         for epoch in range(s.start_epoch, cfg.epochs):
             self.epoch = epoch
@@ -106,16 +106,12 @@ class Trainer:
             if self.stop_requested:
                 return self.stop_requested
             opened = self._prefetch(epoch + 1)
-            metrics = self._end_epoch(epoch)
+            self._end_epoch(epoch)
             self.epochs_done = epoch + 1
-            if metrics.get("improved"):
-                patience_left = cfg.patience or math.inf
-            else:
-                patience_left -= 1
-            if patience_left <= 0:
-                self.emit(ev.WarningEvent(f"early stop: no improvement in {cfg.patience} epochs (patience={cfg.patience})", code="patience"))
-                return "early_stop"
-        return "finished"
+            if self.stop_requested:  # early stopping, decided when a validation landed
+                return self.stop_requested
+        self.vals.settle(wait=True)  # the final epoch waits for its evaluation
+        return self.stop_requested or "finished"
 
     def _mosaic(self, epoch: int) -> bool:
         return self.cfg.mosaic > 0 and epoch < self.cfg.epochs - self.cfg.no_aug_epochs
@@ -156,6 +152,7 @@ class Trainer:
         last_event = last_beat = time.perf_counter()
         i = start
         self.step_in_epoch = start
+        prefetch_at = max(nb - VAL_PREFETCH_STEPS, start)
         while True:
             ph = self.phases
             t = time.perf_counter()
@@ -165,6 +162,8 @@ class Trainer:
                 break
             data_s = time.perf_counter() - t
             self._note_bad(batch["bad"])
+            if i == prefetch_at:
+                self.vals.prefetch(epoch)
             s.schedule(s.optimizer, cfg, epoch, epoch * nb + i, s.warmup_iters, s.momentum, nb)
             with ph("to_device"):
                 img = batch["img"].to(s.device, non_blocking=True)
@@ -213,6 +212,7 @@ class Trainer:
     def _step_event(self, epoch: int, i: int, nb: int, start: int, thr: Throughput) -> None:
         s = self.s
         self.writer.drain()  # checkpoint events of the writes that landed meanwhile
+        self.vals.settle(wait=False)  # metrics, best.pt and early stopping as soon as an evaluation lands
         s.meter.request()
         losses = dict(zip(s.family.loss_terms, s.meter.poll()))
         done = (epoch - s.start_epoch) * nb + (i - start)
@@ -228,30 +228,16 @@ class Trainer:
                 self.bad_files.add(p)
                 self.emit(ev.WarningEvent(f"skipped unreadable image {p} (replaced by its neighbour in the batch)", code="bad_image"))
 
-    def _end_epoch(self, epoch: int) -> dict[str, Any]:
+    def _end_epoch(self, epoch: int) -> None:
+        """Losses of the epoch, its validation started (its COCO evaluation lands later: EpochValidations), last.pt,
+        and the epoch's amp, vram and epoch_end events."""
         s, cfg = self.s, self.cfg
         t_epoch = time.time()
         losses = dict(zip(s.family.loss_terms, s.dist.mean(s.meter.final(), s.device)))  # all ranks' images
         lrs = {f"pg{j}": g["lr"] for j, g in enumerate(s.optimizer.param_groups)}
-        metrics: dict[str, Any] = {}
-        fitness = None
-        if (cfg.val or epoch == cfg.epochs - 1) and s.is_main:  # DDP: rank 0 validates once, the others wait below
-            net = s.ema.ema if s.ema is not None else s.net
-            v = validate(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det, s.amp.autocast_dtype, cfg.channels_last)
-            self._note_bad(v["bad"])
-            self.emit(ev.Val(epoch=epoch, precision=v["precision"], recall=v["recall"], map50=v["map50"], map=v["map"], losses=v["losses"], images=v["images"], time_s=v["time_s"], eval_s=v["eval_s"]))
-            fitness = 0.1 * v["map50"] + 0.9 * v["map"]
-            metrics = {"precision": v["precision"], "recall": v["recall"], "map50": v["map50"], "map": v["map"], "fitness": fitness}
-            append_results(s.run_dir / "results.csv", results_row(epoch + 1, time.time() - s.t_start, losses, v, v["losses"], list(lrs.values())),
-                           results_columns(s.family.loss_terms, len(lrs)))
-        fitness, metrics = s.dist.broadcast((fitness, metrics))  # every rank agrees on best and early stopping
-        improved = fitness is not None and (self.best_fitness is None or fitness > self.best_fitness)
-        if improved:
-            self.best_fitness, self.best_metrics = fitness, metrics
+        self.vals.start(epoch, losses, lrs)
         self.epoch, self.step_in_epoch = epoch + 1, 0
         self.save("last")
-        if improved:
-            self.save("best")
         if cfg.save_period > 0 and (epoch + 1) % cfg.save_period == 0:
             self.save("period", path=s.run_dir / "weights" / f"epoch{epoch + 1}.pt")
         if s.amp.scaler:
@@ -264,22 +250,27 @@ class Trainer:
                               peak_reserved_mb=torch.cuda.max_memory_reserved(s.device) / 2**20, device=str(s.device)))
             torch.cuda.reset_peak_memory_stats(s.device)
         n_imgs = s.sampler.sampler.num_samples * s.world_size
+        landed = self.vals.fitness.get(epoch)
         self.emit(ev.EpochEnd(epoch=epoch, losses=losses, lr=lrs, time_s=time.time() - self._epoch_t0,
-                              img_s=n_imgs / max(t_epoch - self._epoch_t0, 1e-9), fitness=fitness, best_fitness=self.best_fitness,
+                              img_s=n_imgs / max(t_epoch - self._epoch_t0, 1e-9), fitness=landed, best_fitness=self.best_fitness,
                               skipped_images=len(self.bad_files)))
-        return {**metrics, "improved": improved}
 
     # --- checkpoints --------------------------------------------------------------------------------
-    def save(self, which: str, kind: str | None = None, path: Path | None = None, wait: bool = False) -> Path:
+    def save(self, which: str, kind: str | None = None, path: Path | None = None, wait: bool = False,
+             weights: dict[str, torch.Tensor] | None = None, epoch: int | None = None) -> Path:
         """which: last (full train state) | best | period (weights only). Snapshotted here, written atomically
-        by the background writer; its `checkpoint` event comes once the file is in place."""
+        by the background writer; its `checkpoint` event comes once the file is in place. weights/epoch: what
+        to save instead of the current (EMA) weights, and the epoch they finished (a best.pt decided when its
+        validation landed, an epoch later)."""
         s = self.s
         if not s.is_main:
             return s.last_path
         s.step.sync()
-        weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
+        if weights is None:
+            weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
+        epoch, step = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
-        record.update(epoch=self.epoch, step=self.step_in_epoch, best_fitness=self.best_fitness, metrics=self.best_metrics)
+        record.update(epoch=epoch, step=step, best_fitness=self.best_fitness, metrics=self.best_metrics)
         if which == "last":
             record["train"] = snapshot({
                 "net": s.train_net.state_dict(),
@@ -292,7 +283,6 @@ class Trainer:
                 "bad_files": sorted(self.bad_files),
             })
         path = path or (s.last_path if which == "last" else s.best_path)
-        epoch, step = self.epoch, self.step_in_epoch
         self.writer.submit(record, path, lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step)))
         self.writer.drain(wait=wait)
         return path

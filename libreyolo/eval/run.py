@@ -25,7 +25,7 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     unknown = set(kwargs) - VAL_KEYS
     if unknown:
         TrainConfig.parse_value(sorted(unknown)[0], None)  # raises with the nearest valid keys
-    cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs})
+    cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs}, family=model.family)
     kind, gpus = parse_device(cfg.device)
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
     dc = load_data_config(data or cfg.data)

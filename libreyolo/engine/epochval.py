@@ -1,0 +1,112 @@
+"""Each epoch's validation, off the training loop's path.
+
+At an epoch's end the trainer starts its validation: the device part (forward, loss, NMS, one copy per batch)
+holds the loop, and the COCO evaluation runs on a background thread while the next epoch trains. When the
+evaluation lands (the trainer looks at every step event, and waits for it at the next epoch's end at the
+latest), the epoch's `val` event and results.csv row are written, best.pt is saved from the weights that were
+validated (a device copy taken when validation started) if they are the best, and early stopping is decided.
+The final epoch waits for its evaluation. Under DDP rank 0 validates and every rank waits for the result, so
+that all of them agree on the best epoch and on early stopping at the same point."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from libreyolo import events as ev
+from libreyolo.engine.rundir import append_results, results_columns, results_row
+from libreyolo.eval.validator import PendingValidation, start_validation
+
+VAL_PREFETCH_STEPS = 4  # the validation workers start decoding this many steps before an epoch ends
+
+
+@dataclass
+class _Pending:
+    epoch: int
+    validation: PendingValidation
+    train_losses: dict[str, float]
+    lrs: dict[str, float]
+    weights: dict[str, torch.Tensor]  # what was validated, for best.pt
+
+
+class EpochValidations:
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+        self.pending: _Pending | None = None
+        self.fitness: dict[int, float] = {}  # epoch -> fitness, once landed
+        self.patience_left = trainer.cfg.patience or math.inf
+
+    def due(self, epoch: int) -> bool:
+        cfg = self.trainer.cfg
+        return cfg.val or epoch == cfg.epochs - 1
+
+    def prefetch(self, epoch: int) -> None:
+        """Start the validation workers' pass a few steps before the epoch ends (they decode meanwhile)."""
+        s = self.trainer.s
+        if s.is_main and self.due(epoch) and hasattr(s.val_loader, "prefetch"):
+            s.val_loader.prefetch()
+
+    def start(self, epoch: int, train_losses: dict[str, float], lrs: dict[str, float]) -> None:
+        tr = self.trainer
+        s, cfg = tr.s, tr.cfg
+        self.settle(wait=True)  # at most one evaluation in flight
+        if self.due(epoch) and s.is_main:
+            net = s.ema.ema if s.ema is not None else s.net
+            weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
+            v = start_validation(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det,
+                                 s.amp.autocast_dtype, cfg.channels_last, background=s.world_size == 1)
+            self.pending = _Pending(epoch, v, train_losses, lrs, weights)
+        if s.world_size > 1 and self.due(epoch):
+            self.settle(wait=True)  # every rank takes part in the broadcast of the result
+
+    def settle(self, wait: bool) -> None:
+        """Land the pending validation if its evaluation finished (or wait for it)."""
+        tr = self.trainer
+        s = tr.s
+        p = self.pending
+        if s.world_size > 1:
+            if not wait:
+                return
+            self.pending = None
+            landed = self._land(p) if p is not None else None
+            self._judge(*s.dist.broadcast(landed or (None, None, {})), p)
+            return
+        if p is None or (not wait and not p.validation.done()):
+            return
+        self.pending = None
+        self._judge(*self._land(p), p)
+
+    def _land(self, p: _Pending) -> tuple[int, float, dict[str, float]]:
+        """Rank 0: the val event and the results.csv row. -> (epoch, fitness, metrics)."""
+        tr = self.trainer
+        s = tr.s
+        v = p.validation.result()
+        tr._note_bad(v["bad"])
+        tr.emit(ev.Val(epoch=p.epoch, precision=v["precision"], recall=v["recall"], map50=v["map50"], map=v["map"],
+                       losses=v["losses"], images=v["images"], time_s=v["time_s"], eval_s=v["eval_s"]))
+        fitness = 0.1 * v["map50"] + 0.9 * v["map"]
+        metrics = {"precision": v["precision"], "recall": v["recall"], "map50": v["map50"], "map": v["map"], "fitness": fitness}
+        row = results_row(p.epoch + 1, time.time() - s.t_start, p.train_losses, v, v["losses"], list(p.lrs.values()))
+        append_results(s.run_dir / "results.csv", row, results_columns(s.family.loss_terms, len(p.lrs)))
+        return p.epoch, fitness, metrics
+
+    def _judge(self, epoch: int | None, fitness: float | None, metrics: dict[str, float], p: _Pending | None) -> None:
+        """Every rank: the best epoch so far (best.pt from the validated weights) and early stopping."""
+        if fitness is None:
+            return
+        tr = self.trainer
+        cfg = tr.cfg
+        self.fitness[epoch] = fitness
+        if tr.best_fitness is None or fitness > tr.best_fitness:
+            tr.best_fitness, tr.best_metrics = fitness, metrics
+            tr.save("best", weights=p.weights if p is not None else None, epoch=epoch + 1)
+            self.patience_left = cfg.patience or math.inf
+        else:
+            self.patience_left -= 1
+        if self.patience_left <= 0 and not tr.stop_requested:
+            tr.emit(ev.WarningEvent(f"early stop: no improvement in {cfg.patience} epochs (patience={cfg.patience})", code="patience"))
+            tr.stop_requested = "early_stop"
