@@ -230,7 +230,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         schedule=family.schedule or optim.apply_schedule, loss_fn=parts.loss_fn, val_loss=family.loss(net, cfg),
         train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch_per_rank, accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,
-        run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device), notes=notes,
+        run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device, len(family.loss_terms)), notes=notes,
         is_main=dist.is_main, world_size=dist.world_size, dist=dist,
     )
     s.closers = [dist.close, *cache_closers]
