@@ -17,7 +17,7 @@ from torch import nn
 from libreyolo.keys import Key
 
 # the built-in families, imported on first use of the registry (each module calls register())
-_BUILTIN = ("libreyolo.families.yolo9",)
+_BUILTIN = ("libreyolo.families.yolo9", "libreyolo.families.yolox")
 
 
 class LossFn(Protocol):
