@@ -17,7 +17,7 @@ from torch import nn
 from libreyolo.keys import Key
 
 # the built-in families, imported on first use of the registry (each module calls register())
-_BUILTIN = ("libreyolo.families.yolo9",)
+_BUILTIN = ("libreyolo.families.yolo9", "libreyolo.families.yolox")
 
 
 class LossFn(Protocol):
@@ -161,3 +161,12 @@ def _load_builtin() -> None:
         _loaded = True
         for module in _BUILTIN:
             importlib.import_module(module)
+        # registration order is import order: importing libreyolo.families.yolox before the registry is first
+        # used would list it first (in --help, the docs). Built-ins follow _BUILTIN; others keep their order.
+        def rank(fam: Family) -> int:
+            mod = getattr(fam.build, "__module__", "")
+            return next((i for i, m in enumerate(_BUILTIN) if mod == m or mod.startswith(m + ".")), len(_BUILTIN))
+
+        ordered = sorted(_REGISTRY.values(), key=rank)
+        _REGISTRY.clear()
+        _REGISTRY.update((f.name, f) for f in ordered)

@@ -1,0 +1,102 @@
+"""YOLOX loss: SimOTA assignment, then IoU (1 - IoU^2), objectness BCE, IoU-aware class BCE and, once mosaic
+has closed, an L1 term on the raw box outputs; all normalised by the number of foreground anchors.
+
+Static shapes and no host synchronisation: background anchors are weighted by zero instead of indexed away,
+the normaliser stays a device tensor, and the L1 switch is a plain Python attribute read at call time (a
+graph captured after the switch contains the L1 kernels; one captured before does not, hence the re-capture
+the family's hook asks for)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from libreyolo.families.yolox.assigner import simota
+from libreyolo.nn.head import make_anchors
+
+NBS = 64  # YOLOX's learning rates are per 64 images
+
+
+def as_raw(outputs: Any) -> torch.Tensor:
+    """What the network returns -> its (B, A, 5 + nc) tensor. Also accepts a tuple holding it, and the tuple
+    of per-image (A, 5 + nc) tensors that iterating over it gives (a graph runner that makes a tuple of the
+    train net's output by iterating it)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    outputs = tuple(outputs)
+    if len(outputs) == 1 and outputs[0].dim() == 3:
+        return outputs[0]
+    return torch.stack(outputs)
+
+
+def decode(raw: torch.Tensor, imgsz: tuple[int, int], strides: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """raw (B, A, 5 + nc) -> (boxes (B, A, 4) xyxy pixels, grid (A, 2) cell corners in cells, stride (A, 1)).
+    YOLOX's decode: centre = (offset + cell corner) * stride, size = exp(log-size) * stride."""
+    shapes = [(imgsz[0] // s, imgsz[1] // s) for s in strides]
+    centres, stride = make_anchors(shapes, list(strides), raw.device, raw.dtype)
+    grid = centres - 0.5
+    xy = (raw[..., :2] + grid) * stride
+    wh = raw[..., 2:4].exp() * stride
+    return torch.cat((xy - wh / 2, xy + wh / 2), -1), grid, stride
+
+
+def iou_aligned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IoU of matching rows of two xyxy box tensors (..., 4), as YOLOX's IOUloss computes it."""
+    lt = torch.maximum(a[..., :2], b[..., :2])
+    rb = torch.minimum(a[..., 2:], b[..., 2:])
+    overlap = (lt < rb).all(-1)
+    inter = torch.where(overlap, (rb - lt).prod(-1), 0.0)
+    union = (a[..., 2:] - a[..., :2]).prod(-1) + (b[..., 2:] - b[..., :2]).prod(-1) - inter
+    return inter / (union + 1e-16)
+
+
+class YOLOXLoss:
+    """Call with the network's raw output and padded targets; returns (loss for backward, detached
+    [iou, obj, cls, l1] before their gains)."""
+
+    def __init__(self, nc: int, strides: tuple[int, ...] = (8, 16, 32), box: float = 5.0, obj: float = 1.0, cls: float = 1.0,
+                 l1: float = 1.0, reduce_normalizer: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.nc, self.strides = nc, tuple(strides)
+        self.gains = (box, obj, cls, l1)
+        self.use_l1 = False  # switched on by the family's on_mosaic_close hook (YOLOX: the last no-aug epochs)
+        # under DDP: max(global foreground count, 1) / world size (see distributed/context.py)
+        self.reduce_normalizer = reduce_normalizer
+
+    def __call__(self, outputs: Any, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int],
+                 batch_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """targets (B, M, 5) = class, x1, y1, x2, y2 in input pixels; mask (B, M) bool. The loss is the weighted
+        sum times batch_scale / 64: the trainer passes the global batch and accumulates gradients to nbs images,
+        which gives YOLOX's rule of an LR per 64 images."""
+        raw = as_raw(outputs).float()
+        boxes, grid, stride = decode(raw, imgsz, self.strides)
+        obj, cls = raw[..., 4], raw[..., 5:]
+        centres_px = (grid + 0.5) * stride
+        a = simota(cls.detach(), obj.detach(), boxes.detach(), centres_px, stride.squeeze(-1), targets[..., 0], targets[..., 1:5], mask)
+        fg = a.fg.float()
+
+        n_fg = fg.sum()
+        # under DDP the reducer returns max(global total, 1) / world size; clamping the local count instead
+        # would change the gradient whenever some rank has no foreground
+        n_fg = self.reduce_normalizer(n_fg) if self.reduce_normalizer is not None else n_fg.clamp(min=1.0)
+
+        # background anchors get their own detached box as target: no degenerate (padded) box in the IoU, no
+        # log(0) in the L1 target; their zero weight removes them
+        fg3 = a.fg.unsqueeze(-1)
+        t_boxes = torch.where(fg3, a.target_boxes, boxes.detach())
+        iou_loss = ((1.0 - iou_aligned(boxes, t_boxes).square()) * fg).sum()
+        obj_loss = F.binary_cross_entropy_with_logits(obj, fg, reduction="sum")
+        cls_loss = (F.binary_cross_entropy_with_logits(cls, a.target_cls, reduction="none").sum(-1) * fg).sum()
+        if self.use_l1:
+            t_xy = (t_boxes[..., :2] + t_boxes[..., 2:]) / 2 / stride - grid
+            t_wh = torch.log((t_boxes[..., 2:] - t_boxes[..., :2]) / stride + 1e-8)
+            target = torch.where(fg3, torch.cat((t_xy, t_wh), -1), raw[..., :4].detach())
+            l1_loss = ((raw[..., :4] - target).abs().sum(-1) * fg).sum()
+        else:
+            l1_loss = raw.new_zeros(())
+        items = torch.stack((iou_loss, obj_loss, cls_loss, l1_loss)) / n_fg
+
+        g_box, g_obj, g_cls, g_l1 = self.gains
+        total = items[0] * g_box + items[1] * g_obj + items[2] * g_cls + items[3] * g_l1
+        return total * (batch_scale / NBS), items.detach()
