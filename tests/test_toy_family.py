@@ -139,7 +139,9 @@ def test_a_family_from_outside_trains_validates_and_reports_its_own_terms(toy, t
 def test_family_keys_belong_to_their_family(toy):
     cfg = TrainConfig.from_overrides({"model": "ToyNeta", "toy_gain": 3})
     assert cfg.toy_gain == 3.0 and cfg.family == "toy" and cfg.to_dict()["toy_gain"] == 3.0
-    with pytest.raises(ConfigError, match=r"box is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\); toy models \(ToyNeta\) do not take it"):
+    with pytest.raises(ConfigError, match=r"dfl is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\); toy models \(ToyNeta\) do not take it"):
+        TrainConfig.from_overrides({"model": "ToyNeta", "dfl": 1.0})
+    with pytest.raises(ConfigError, match=r"box is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\), the yolox family \(LibreYOLOXn"):
         TrainConfig.from_overrides({"model": "ToyNeta", "box": 1.0})
     with pytest.raises(ConfigError, match=r"toy_gain is a key of the toy family \(ToyNeta\); yolo9 models"):
         TrainConfig.from_overrides({"model": "LibreYOLO9t", "toy_gain": 1.0})
