@@ -25,7 +25,6 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
-from faster_coco_eval import COCO, COCOeval_faster
 
 MAX_DETS = 100  # per image and class, as COCO's headline mAP
 PARALLEL_MIN_DETECTIONS = 200_000  # below this, starting processes costs more than it saves
@@ -134,6 +133,8 @@ def _evaluate(images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarr
     enabled = gc.isenabled()
     gc.disable()  # see the module docstring
     try:
+        from faster_coco_eval import COCO, COCOeval_faster  # on first use: not part of a run's start-up
+
         cgt = COCO({"images": img_dicts, "annotations": _annotations(gt, None), "categories": categories}, **quiet)
         cdt = COCO({"images": img_dicts, "annotations": _annotations(dt[:, :6], dt[:, 6]), "categories": categories}, **quiet)
         ev = COCOeval_faster(cgt, cdt, "bbox", **quiet)

@@ -15,8 +15,9 @@ Semantics (both implementations below, to the last bit):
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torchvision.ops import nms
 
 # Boxes per torchvision NMS call on CUDA: its kernel writes an N x N/64 bit mask (N^2/8 bytes: 12.5 MB at 10,000,
 # well inside the H200's 50 MB L2) and then walks it in one thread block, one step per kept box, each reading
@@ -86,7 +87,7 @@ def nms_packed(boxes: torch.Tensor, scores: torch.Tensor, conf: float, iou: floa
         keeps, start, n = [], 0, 0
         for t in take + [per_call + 1]:  # chunks of whole images: at most per_call boxes, or one image alone
             if n and n + t > per_call:
-                keeps.append(nms(shifted[start : start + n], rank[start : start + n], iou) + start)
+                keeps.append(_nms()(shifted[start : start + n], rank[start : start + n], iou) + start)
                 start, n = start + n, 0
             n += t
         keep = torch.cat(keeps)
@@ -176,7 +177,7 @@ def nms_packed_reference(boxes: torch.Tensor, scores: torch.Tensor, conf: float,
         order = torch.sort(sc, descending=True, stable=True).indices[:max_nms]
         i, sc, cl = i[order], sc[order], cl[order]
         bx = boxes[b, i]
-        keep = nms(_shifted(bx, b * C + cl, span), _rank(len(sc), dev), iou)[:max_det]
+        keep = _nms()(_shifted(bx, b * C + cl, span), _rank(len(sc), dev), iou)[:max_det]
         n = keep.numel()
         out.append(torch.cat((torch.full((n, 1), float(b), device=dev), bx[keep].float(), sc[keep, None].float(), cl[keep, None].float()), 1))
     return torch.cat(out)
@@ -186,3 +187,11 @@ def split_detections(packed: torch.Tensor, batch_size: int) -> list[dict[str, to
     """(N, 7) packed detections -> per image {boxes (n, 4), scores (n,), classes (n,) long}."""
     counts = torch.bincount(packed[:, 0].long(), minlength=batch_size).tolist() if len(packed) else [0] * batch_size
     return [{"boxes": p[:, 1:5], "scores": p[:, 5], "classes": p[:, 6].long()} for p in packed.split(counts)]
+
+
+def _nms() -> Any:
+    """torchvision.ops.nms, imported on first use: importing torchvision imports torch._dynamo, seconds of a
+    run's start-up that training does not need (engine/setup.py imports it in the background meanwhile)."""
+    from torchvision.ops import nms
+
+    return nms
