@@ -5,8 +5,9 @@ holds the loop, and the COCO evaluation runs on a background thread while the ne
 evaluation lands (the trainer looks at every step event, and waits for it at the next epoch's end at the
 latest), the epoch's `val` event and results.csv row are written, best.pt is saved from the weights that were
 validated (a device copy taken when validation started) if they are the best, and early stopping is decided.
-The final epoch waits for its evaluation. Under DDP rank 0 validates and every rank waits for the result, so
-that all of them agree on the best epoch and on early stopping at the same point."""
+The final epoch waits for its evaluation. Under DDP (rank 0 validates, every rank waits for the result, so that
+all agree on the best epoch and on early stopping at the same point) and while profiling, validation is
+synchronous."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ class EpochValidations:
         self.fitness: dict[int, float] = {}  # epoch -> fitness, once landed
         self.patience_left = trainer.cfg.patience or math.inf
 
+    @property
+    def synchronous(self) -> bool:
+        """DDP: every rank takes part in the broadcast of the result, at the same point. profile=true: an
+        evaluation running beside the profiled steps would take the interpreter lock and the CPU from them."""
+        return self.trainer.s.world_size > 1 or self.trainer.cfg.profile
+
     def due(self, epoch: int) -> bool:
         cfg = self.trainer.cfg
         return cfg.val or epoch == cfg.epochs - 1
@@ -58,10 +65,10 @@ class EpochValidations:
             net = s.ema.ema if s.ema is not None else s.net
             weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
             v = start_validation(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det,
-                                 s.amp.autocast_dtype, cfg.channels_last, background=s.world_size == 1)
+                                 s.amp.autocast_dtype, cfg.channels_last, background=not self.synchronous)
             self.pending = _Pending(epoch, v, train_losses, lrs, weights)
-        if s.world_size > 1 and self.due(epoch):
-            self.settle(wait=True)  # every rank takes part in the broadcast of the result
+        if self.synchronous and self.due(epoch):
+            self.settle(wait=True)
 
     def settle(self, wait: bool) -> None:
         """Land the pending validation if its evaluation finished (or wait for it)."""
