@@ -53,3 +53,27 @@ def test_flat_forward_restores_the_parameters_when_the_forward_raises():
     with pytest.raises(RuntimeError):
         flat.forward(torch.randn(2, 5, 8, 8))  # wrong channel count
     assert list(net.parameters()) == params and all(isinstance(p, nn.Parameter) for p in net.parameters())
+
+
+@pytest.mark.parametrize("half,channels_last", [(None, False), (torch.bfloat16, False), (torch.bfloat16, True)])
+def test_gathered_gradients_are_the_stand_ins_gradients_summed_in_float32(half, channels_last):
+    """Half stand-ins (channels-last views with alignment gaps included) and fp32 aliases, over three micro-batches:
+    each master's .grad is exactly the float32 sum of its stand-in's gradients, and the gaps stay zero."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 5, 3, bias=False), nn.BatchNorm2d(5), nn.SiLU(), nn.Conv2d(5, 7, 1), nn.Conv2d(7, 3, 3, padding=1))
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    flat = FlatParams(net, half, channels_last)
+    want = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in zip(flat.names, flat.params)}
+    for _ in range(3):
+        x = torch.randn(2, 3, 9, 9)
+        with torch.autocast("cpu", dtype=half or torch.float32, enabled=half is not None):
+            flat.forward(x).float().square().mean().backward()
+        for n in flat.names:
+            want[n] += flat.proxies[n].grad.float()
+        flat.gather_grads()
+        assert all(flat.proxies[n].grad is None for n in flat.names)
+    for n, p in zip(flat.names, flat.params):
+        assert torch.equal(p.grad, want[n]), n
+    assert sum(p.numel() for p in flat.params) < flat.flat_grad.numel()  # there are gaps, and they hold zeros
+    assert float(flat.flat_grad.abs().sum()) == pytest.approx(sum(float(w.abs().sum()) for w in want.values()), rel=1e-6)

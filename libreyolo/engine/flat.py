@@ -8,8 +8,10 @@ gradient back on every backward, and every micro-batch of gradient accumulation 
   torch.func.functional_call does, without its per-call name resolution): fp16/bf16 copies of the
   convolution weights (one buffer, refreshed by ONE copy kernel after each optimizer step), and aliases
   of the other (fp32) parameters;
-- after each backward the stand-ins' gradients are concatenated and added into the flat gradient buffer
-  (a handful of kernels instead of one add per parameter).
+- after each backward the stand-ins' gradients are added into the flat gradient buffer by two multi-tensor
+  (foreach) calls: the half gradients are copied into a flat half buffer laid out like the stand-ins and added
+  to the fp32 range in one kernel, the fp32 ones are added to their masters' gradient views (a handful of
+  kernels instead of one add per parameter, and no per-parameter Python).
 Rounding is the same as autocast's (fp32 -> half weight casts, half gradients accumulated in fp32), so the
 optimizer, the EMA, checkpoints and the state dict all still see ordinary fp32 parameters."""
 
@@ -41,12 +43,14 @@ class FlatParams:
             off += -(-n // ALIGN) * ALIGN
         total = off
         self.n_half = offsets[self.n_half_params] if self.n_half_params < len(sizes) else total
-        self.pads = [-n % ALIGN for n in sizes]  # each tensor is padded up to the next ALIGN boundary
         dev = self.params[0].device
         self.flat = torch.zeros(total, device=dev, dtype=torch.float32)
         self.flat_grad = torch.zeros_like(self.flat)
         self.flat_half = torch.zeros(self.n_half, device=dev, dtype=half or torch.float32)
-        self._zeros = {dt: torch.zeros(ALIGN, device=dev, dtype=dt) for dt in {torch.float32, self.flat_half.dtype}}
+        # the stand-ins' half gradients land here (the alignment gaps stay zero), then go into flat_grad in one add
+        self.flat_half_grad = torch.zeros_like(self.flat_half)
+        self._half_grad_views: list[torch.Tensor] = []
+        self._full_grad_views: list[torch.Tensor] = []
         self.proxies: dict[str, torch.Tensor] = {}
         for k, (name, p, off) in enumerate(zip(self.names, self.params, offsets)):
             cl = channels_last and p.dim() == 4
@@ -56,8 +60,10 @@ class FlatParams:
             p.grad = _view(self.flat_grad, off, p.shape, cl)
             if k < self.n_half_params:
                 proxy = _view(self.flat_half, off, p.shape, cl)
+                self._half_grad_views.append(_view(self.flat_half_grad, off, p.shape, cl))
             else:
                 proxy = p.detach()  # same storage as the master: nothing to refresh
+                self._full_grad_views.append(p.grad)
             self.proxies[name] = proxy.requires_grad_(True)
         self._half_proxies = [self.proxies[n] for n in self.names[: self.n_half_params]]
         self._full_proxies = [self.proxies[n] for n in self.names[self.n_half_params :]]
@@ -87,20 +93,13 @@ class FlatParams:
 
     @torch.no_grad()
     def gather_grads(self) -> None:
-        """Add the stand-ins' gradients into the flat fp32 gradient buffer and release them."""
-        k0 = 0
-        for proxies, sl in ((self._half_proxies, slice(0, self.n_half)), (self._full_proxies, slice(self.n_half, None))):
-            if not proxies:
-                continue
-            parts = []
-            for k, p in enumerate(proxies, k0):
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-                parts.append(_flatten(g))
-                if self.pads[k]:  # zeros for the alignment gap, so the concatenation matches the flat layout
-                    parts.append(self._zeros[g.dtype][: self.pads[k]])
-                p.grad = None
-            self.flat_grad[sl].add_(torch.cat(parts))
-            k0 += len(proxies)
+        """Add the stand-ins' gradients into the flat fp32 gradient buffer and release them. The gradients have
+        their stand-ins' strides (autograd's layout contract), so the multi-tensor calls take their fast path."""
+        if self._half_proxies:
+            torch._foreach_copy_(self._half_grad_views, _take_grads(self._half_proxies))
+            self.flat_grad[: self.n_half].add_(self.flat_half_grad)
+        if self._full_proxies:
+            torch._foreach_add_(self._full_grad_views, _take_grads(self._full_proxies))
 
     @torch.no_grad()
     def accumulate(self, names: list[str], grads: list[torch.Tensor]) -> None:
@@ -133,11 +132,12 @@ def _slots(module: nn.Module, proxy_of: dict[int, torch.Tensor]) -> list[tuple[d
     return out
 
 
-def _flatten(t: torch.Tensor) -> torch.Tensor:
-    """1-D in memory order (a view, no copy) for contiguous and channels-last tensors alike."""
-    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
-        return t.permute(0, 2, 3, 1).reshape(-1)
-    return t.reshape(-1)
+def _take_grads(proxies: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The stand-ins' gradients (zeros for one the forward did not use), leaving .grad empty for the next backward."""
+    grads = [g if (g := p.grad) is not None else torch.zeros_like(p) for p in proxies]
+    for p in proxies:
+        p.grad = None
+    return grads
 
 
 def _view(flat: torch.Tensor, off: int, shape: torch.Size, channels_last: bool) -> torch.Tensor:
