@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from libreyolo.engine import optim
 from libreyolo.engine.flat import FlatParams
 
 
@@ -77,3 +78,99 @@ def test_gathered_gradients_are_the_stand_ins_gradients_summed_in_float32(half, 
         assert torch.equal(p.grad, want[n]), n
     assert sum(p.numel() for p in flat.params) < flat.flat_grad.numel()  # there are gaps, and they hold zeros
     assert float(flat.flat_grad.abs().sum()) == pytest.approx(sum(float(w.abs().sum()) for w in want.values()), rel=1e-6)
+
+
+def _batch(seed, b=2, size=64, m=3):
+    g = torch.Generator().manual_seed(seed)
+    img = torch.randint(0, 256, (b, size, size, 3), dtype=torch.uint8, generator=g)
+    xy = torch.rand(b, m, 2, generator=g) * size * 0.6
+    wh = torch.rand(b, m, 2, generator=g) * size * 0.4 + 4
+    targets = torch.cat((torch.randint(0, 3, (b, m, 1), generator=g).float(), xy, (xy + wh).clamp(max=size)), -1)
+    mask = torch.ones(b, m, dtype=torch.bool)
+    mask[0, -1] = False
+    return img, targets, mask
+
+
+class _Poisoned:
+    """The loss, times inf on the micro-steps listed: their gradients are non-finite and the scaler skips the step."""
+
+    def __init__(self, loss_fn, bad):
+        self.loss_fn, self.bad, self.n = loss_fn, set(bad), 0
+
+    def __call__(self, *args):
+        loss, items = self.loss_fn(*args)
+        self.n += 1
+        return (loss * float("inf"), items) if self.n in self.bad else (loss, items)
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_eager_step_trains_as_the_plain_pytorch_loop(name):
+    """EagerStep (flat stand-ins, the optimizer build_optimizer makes, flat clipping, the EMA) against the textbook
+    loop on ordinary parameters: autograd accumulation, GradScaler.unscale_, clip_grad_norm_, torch.optim's
+    single-tensor implementation, ModelEMA. A loss scaler runs (on the CPU) and the first optimizer step is skipped
+    for inf gradients, as float16's first steps often are."""
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.components import build_step_parts
+    from libreyolo.engine.ema import ModelEMA
+    from libreyolo.engine.step import normalize
+    from libreyolo.families import get_family
+
+    torch.manual_seed(0)
+    family = get_family("yolo9")
+    cfg = TrainConfig.from_overrides({"model": "LibreYOLO9t", "optimizer": name, "device": "cpu", "nbs": 4, "batch": 2})
+    net = family.build("t", 3)
+    parts = build_step_parts(family, net, cfg, torch.device("cpu"), 2, 1000)
+    ref = copy.deepcopy(parts.train_net)
+    for p in ref.parameters():
+        p.data, p.grad = p.data.clone(), None  # own storage, not the copied flat buffer
+    groups = [{"params": g["params"], "weight_decay": mine["weight_decay"]} for g, mine in zip(optim.param_groups(ref), parts.optimizer.param_groups)]
+    g0 = parts.optimizer.param_groups[0]
+    if name == "SGD":
+        ref_opt = torch.optim.SGD(groups, lr=g0["lr"], momentum=g0["momentum"], nesterov=True, foreach=False)
+    else:
+        ref_opt = torch.optim.AdamW(groups, lr=g0["lr"], betas=g0["betas"], eps=g0["eps"], foreach=False)
+    ref_ema = ModelEMA(ref.net, parts.ema.decay, 3.0)
+    parts.ema.tau = 3.0
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2) for _ in range(2)]
+    loss_fn = _Poisoned(parts.loss_fn, bad=[2])  # the second micro-step of the first window
+    step = type(parts.eager_step(10.0))(parts.train_net, loss_fn, parts.optimizer, scalers[0], parts.ema, None, 10.0,
+                                        parts.batch_scale, False, parts.flat)
+    ref_loss = _Poisoned(parts.loss_fn, bad=[2])
+    acc = parts.accumulate
+    assert acc == 2
+    tol = dict(rtol=1e-5, atol=1e-6)
+    for n in range(1, 9):
+        img, targets, mask = _batch(n)
+        items = step(img, targets, mask, n % acc == 0)
+        loss, ref_items = ref_loss(ref(normalize(img)), targets, mask, (64, 64), parts.batch_scale)
+        scalers[1].scale(loss).backward()
+        torch.testing.assert_close(items, ref_items, **tol, msg=lambda m: f"step {n}: {m}")
+        if n % acc:
+            continue
+        scalers[1].unscale_(ref_opt)
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 10.0)
+        scalers[1].step(ref_opt)
+        scalers[1].update()
+        ref_opt.zero_grad()
+        ref_ema.update()
+        assert scalers[0].get_scale() == scalers[1].get_scale() and int(step.skipped) == 1
+        mine = list(parts.train_net.parameters())
+        for (k, a), b in zip(parts.train_net.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, **tol, msg=lambda m: f"step {n}, {k}: {m}")
+        for a, b in zip(parts.train_net.buffers(), ref.buffers()):
+            torch.testing.assert_close(a, b, **tol)
+        for (k, a), b in zip(parts.ema.ema.state_dict().items(), ref_ema.ema.state_dict().values()):
+            torch.testing.assert_close(a, b, **tol, msg=lambda m: f"step {n}, EMA {k}: {m}")
+        # the loss's top-k anchor choice turns rounding differences into different gradients within a few
+        # windows: each window starts the reference from this step's state, so that every window is compared
+        with torch.no_grad():
+            for a, b in zip(mine, ref.parameters()):
+                b.copy_(a)
+            for a, b in zip(parts.train_net.buffers(), ref.buffers()):
+                b.copy_(a)
+            for a, b in zip(mine, ref.parameters()):
+                for key, t in parts.optimizer.state[a].items():
+                    if key in ref_opt.state[b]:
+                        ref_opt.state[b][key].copy_(t)
+            for a, b in zip(parts.ema.ema.state_dict().values(), ref_ema.ema.state_dict().values()):
+                b.copy_(a)
