@@ -10,7 +10,13 @@ take. On a CPU with a tiny input (batch 2, 32 px) the compute is negligible too,
   (time.thread_time: time the step spent running, not waiting for a core on a loaded machine), wall time beside.
 `--micro` (the default for timing) narrows every layer to a few channels: the same layers and the same ops
 in the same order (the op counts are identical), with CPU compute small enough that dispatch dominates; oneDNN
-is switched off for it (its per-call set-up costs more than these convolutions). `--amp bf16` runs the step as on a GPU under float16 AMP: half-precision stand-ins (engine/flat.py), autocast
+is switched off for it (its per-call set-up costs more than these convolutions). `--instructions` runs one window inside a C call (qsort's comparison callback) for callgrind to count the machine
+instructions of, the steadiest of these figures on a shared machine (two minutes to import torch under valgrind):
+
+    valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*qsort*' --callgrind-out-file=/dev/null \
+        $(python -c 'import sys; print(sys.executable)') benchmarks/host_overhead.py --instructions   # "Collected : N"
+
+`--amp bf16` runs the step as on a GPU under float16 AMP: half-precision stand-ins (engine/flat.py), autocast
 (bfloat16, the CPU's autocast dtype) and an enabled loss scaler. `--no-flat` is the DDP path (ordinary parameters)."""
 
 from __future__ import annotations
@@ -120,6 +126,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     for _ in range(2):  # warm-up: optimizer state, caches
         window(Phases())
+    if args.instructions:
+        import ctypes
+
+        cmp = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(lambda a, b: window(Phases()) or 0)
+        pair = (ctypes.c_int * 2)(1, 2)
+        ctypes.CDLL(None).qsort(pair, 2, ctypes.sizeof(ctypes.c_int), cmp)  # two elements: one comparison
+        return {"config": vars(args), "accumulate": acc}
     ph = Phases()
     counter = OpCounter(ph)
     with counter:
@@ -167,10 +180,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--micro", action=argparse.BooleanOptionalAction, default=True, help="narrow layers (same ops), oneDNN off")
     p.add_argument("--windows", type=int, default=6, help="timed accumulation windows")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--instructions", action="store_true", help="one window inside qsort, for callgrind (see above)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     r = measure(args)
-    if args.json:
+    if args.json or args.instructions:
         print(json.dumps(r))
         return 0
     print(f"ops/step {r['ops_per_step']:.0f} (+{r['view_ops_per_step']:.0f} views); host reads per window {r['host_reads_per_window']}")
