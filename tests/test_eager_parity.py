@@ -174,3 +174,33 @@ def test_eager_step_trains_as_the_plain_pytorch_loop(name):
                         ref_opt.state[b][key].copy_(t)
             for a, b in zip(parts.ema.ema.state_dict().values(), ref_ema.ema.state_dict().values()):
                 b.copy_(a)
+
+
+def test_half_stand_ins_compute_what_autocast_computes_on_the_parameters():
+    """Convolution kernels and biases as half stand-ins (no per-step casts) against autocast casting fp32 parameters:
+    the same outputs and, after gathering, the same fp32 gradients, bit for bit; autocast casts nothing in the forward."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, bias=False), nn.BatchNorm2d(6), nn.SiLU(), nn.Conv2d(6, 5, 1), nn.Conv2d(5, 4, 3, padding=1))
+    ref = copy.deepcopy(net)
+    flat = FlatParams(net, torch.bfloat16)
+    assert flat.n_half_params == 5  # three kernels and two biases; BatchNorm's weight and bias stay float32
+    x = torch.randn(2, 3, 10, 10)
+    casts = []
+
+    class _Casts(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                casts.append(args[0].shape)
+            return func(*args, **(kwargs or {}))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = ref(x)
+        with _Casts():
+            out = flat.forward(x)
+    assert torch.equal(out, want)
+    assert casts == [x.shape]  # only the float32 input, once
+    want.float().square().mean().backward()
+    out.float().square().mean().backward()
+    flat.gather_grads()
+    for (k, a), b in zip(net.named_parameters(), ref.parameters()):
+        assert torch.equal(a.grad, b.grad), k

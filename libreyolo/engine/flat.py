@@ -1,12 +1,12 @@
 """Flat parameter storage for training: fewer kernels per step with the same arithmetic as autocast.
 
-Under autocast every convolution casts its fp32 weight to fp16 on every forward, casts the weight
-gradient back on every backward, and every micro-batch of gradient accumulation adds each gradient into
+Under autocast every convolution casts its fp32 weight (and bias) to fp16 on every forward, casts their
+gradients back on every backward, and every micro-batch of gradient accumulation adds each gradient into
 .grad: about 1,300 small kernels per YOLOv9-t step. Here instead
 - the fp32 master parameters live in one flat buffer, their .grad are views of one flat gradient buffer;
 - the forward runs on stand-in leaves, swapped into the modules' parameter slots for the call (what
   torch.func.functional_call does, without its per-call name resolution): fp16/bf16 copies of the
-  convolution weights (one buffer, refreshed by ONE copy kernel after each optimizer step), and aliases
+  convolution weights and biases (one buffer, refreshed by ONE copy kernel after each optimizer step), and aliases
   of the other (fp32) parameters;
 - after each backward the stand-ins' gradients are added into the flat gradient buffer by two multi-tensor
   (foreach) calls: the half gradients are copied into a flat half buffer laid out like the stand-ins and added
@@ -29,8 +29,10 @@ class FlatParams:
     def __init__(self, module: nn.Module, half: torch.dtype | None, channels_last: bool = False):
         self.module = module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        # half-precision candidates first (convolution kernels), so their masters are one contiguous range
-        is_half = [half is not None and p.dim() == 4 for _, p in named]
+        # half-precision candidates first, so their masters are one contiguous range: convolution kernels and
+        # biases, which autocast casts for every convolution (a bias of a layer autocast runs in float32 stays fp32)
+        conv_bias = {id(m.bias) for m in module.modules() if isinstance(m, nn.modules.conv._ConvNd) and m.bias is not None}
+        is_half = [half is not None and (p.dim() == 4 or id(p) in conv_bias) for _, p in named]
         order = sorted(range(len(named)), key=lambda i: not is_half[i])
         self.names = [named[i][0] for i in order]
         self.params = [named[i][1] for i in order]
@@ -72,7 +74,7 @@ class FlatParams:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the fp32 masters of the convolution kernels into their half-precision stand-ins."""
+        """Copy the fp32 masters of the convolution kernels and biases into their half-precision stand-ins."""
         if self.n_half:
             self.flat_half.copy_(self.flat[: self.n_half])
 
