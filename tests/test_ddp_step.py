@@ -51,7 +51,7 @@ def _model(nc: int, device: torch.device, ctx: context.DistContext | None = None
     (ctx given) get SyncBatchNorm through the trainer's own conversion."""
     torch.manual_seed(0)
     family = get_family("yolo9")
-    cfg = TrainConfig.from_overrides({})  # the default model's family keys (box, cls, dfl, aux) included
+    cfg = TrainConfig.from_overrides({}, family=family)  # the family's keys (aux, loss gains) with their defaults
     net = family.build("t", nc)
     train_net = family.train_net(net, cfg).to(device).train()
     if device.type == "cpu":

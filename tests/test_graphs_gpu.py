@@ -119,3 +119,31 @@ def test_trainer_runs_with_graphs_on_gpu(tmp_path, mode):
     assert ev[-1]["status"] == "finished"
     assert any(e["type"] == "graph" and e["action"] == "capture" for e in ev), [e for e in ev if e["type"] == "graph"]
     assert any(e["type"] == "vram" for e in ev)
+
+
+def test_a_capture_plan_of_submodules_captures_them_and_runs_the_rest_eager_bitwise():
+    """cuda_graph=true with a plan naming two submodules (engine/subgraphs.py): each is replayed from its own
+    forward and backward graphs inside the eager step, and training is bitwise the eager one."""
+    import dataclasses
+
+    from libreyolo.engine.components import build_step_parts
+    from libreyolo.engine.runners import select_step
+    from libreyolo.families import CapturePlan, parse_model_name
+
+    cfg = _cfg()
+    batches, nc = _batches(cfg, 24)
+    eager, pe, _ = _trajectory("eager", cfg, batches, nc)
+    fam, size = parse_model_name(cfg.model)
+    fam = dataclasses.replace(fam, capture=CapturePlan(("net.stem", "net.b4")))
+    torch.manual_seed(cfg.seed)
+    parts = build_step_parts(fam, fam.build(size, nc), cfg, DEV, cfg.batch, 10_000_000)
+    cfg.cuda_graph = True
+    events = []
+    step, mode, _ = select_step(parts.eager_step(cfg.grad_clip), parts, cfg, fam, DEV, 1, events.append)
+    losses = [step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0).clone() for i, b in enumerate(batches)]
+    torch.cuda.synchronize()
+    caps = [e for e in events if e.action == "capture"]
+    assert mode is True and len(caps) == 1 and "net.stem, net.b4 (the rest eager)" in caps[0].reason and not step.disabled
+    assert torch.equal(eager, torch.stack(losses)), (eager - torch.stack(losses)).abs().max()
+    for (k, a), b in zip(pe.train_net.state_dict().items(), parts.train_net.state_dict().values()):
+        assert torch.equal(a, b), k

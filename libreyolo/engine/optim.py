@@ -11,6 +11,9 @@ import torch
 from torch import nn
 
 
+FUSED_DEVICES = ("cuda", "cpu")  # where torch's fused SGD and AdamW run
+
+
 def param_groups(model: nn.Module) -> list[dict[str, Any]]:
     """-> biases (pg0, no decay, warm-up from warmup_bias_lr), weights (pg1, decay), normalisation weights (pg2,
     no decay). A group is {"params", "decay": bool, "bias": bool}; what a family's param_groups hook returns too."""
@@ -42,10 +45,20 @@ def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, dec
     """groups: the family's param_groups hook (default: param_groups above); `decay` applies to groups marked so."""
     spec = (groups or param_groups)(model)
     plain = [{"params": g["params"], "weight_decay": decay if g.get("decay") else 0.0, "bias": bool(g.get("bias"))} for g in spec]
-    # foreach implementations: one launch per group per op instead of one per tensor
-    kw: dict[str, Any] = {"foreach": True}
+    # fused implementations (CUDA, CPU): the whole update of a group in one multi-tensor kernel, and GradScaler
+    # hands them found_inf on the device instead of reading it on the host (a synchronisation per optimizer step
+    # with the foreach implementations, which step() only when that read says the gradients are finite)
+    fused = device.type in FUSED_DEVICES
+    kw: dict[str, Any] = {"fused": True} if fused else {"foreach": True}
     if name == "SGD":
         opt = torch.optim.SGD(plain, lr=lr, momentum=momentum, nesterov=True, **kw)
+        if fused:
+            # fused SGD creates its momentum buffers uninitialised on its first step and fills them in the kernel,
+            # which a skipped step (float16 inf/NaN gradients) never runs: start them at zero, as capturable.py does
+            # (a first step then gives buf = 0 * momentum + grad = grad, exactly what torch's initialisation gives)
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
     elif name == "AdamW":
         opt = torch.optim.AdamW(plain, lr=lr, betas=(momentum, 0.999), **kw)
     else:

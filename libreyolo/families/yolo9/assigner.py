@@ -38,10 +38,11 @@ class TaskAlignedAssigner:
         deltas = torch.cat((anchors - x1y1, x2y2 - anchors), -1)  # (B, M, A, 4)
         inside = (deltas.amin(-1) > self.eps) & gt_mask.unsqueeze(-1)  # (B, M, A)
 
-        # alignment metric s^alpha * iou^beta, where s is the predicted score of the gt's class
+        # alignment metric s^alpha * iou^beta, where s is the predicted score of the gt's class (overlaps are already
+        # zero outside the box, and so is their power)
         cls_scores = pd_scores.transpose(1, 2).gather(1, gt_labels.unsqueeze(-1).expand(B, M, A))
         overlaps = pairwise_ciou(gt_bboxes, pd_bboxes) * inside
-        align = cls_scores.pow(self.alpha) * overlaps.pow(self.beta) * inside
+        align = cls_scores.pow(self.alpha) * overlaps.pow(self.beta)
 
         # top-k anchors per ground truth, restricted to anchors inside it
         topk_idx = align.topk(min(self.topk, A), dim=-1).indices  # (B, M, k)
@@ -50,8 +51,7 @@ class TaskAlignedAssigner:
 
         # an anchor claimed by several ground truths goes to the one it overlaps most
         multi = pos.sum(1, keepdim=True) > 1  # (B, 1, A)
-        gt_range = torch.arange(M, device=pos.device).view(1, M, 1)
-        best = (overlaps.argmax(1, keepdim=True) == gt_range).to(pos.dtype)  # (B, M, A)
+        best = torch.zeros_like(pos).scatter_(1, overlaps.argmax(1, keepdim=True), 1.0)  # (B, M, A) one-hot over M
         pos = torch.where(multi, best, pos)
 
         fg = pos.sum(1) > 0  # (B, A)
@@ -62,6 +62,6 @@ class TaskAlignedAssigner:
         # soft targets: alignment normalised per ground truth so its best anchor gets its best IoU
         align = align * pos
         norm = align * (overlaps * pos).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + self.eps)
-        one_hot = target_labels.unsqueeze(-1) == torch.arange(C, device=pos.device)
-        target_scores = one_hot.to(pd_scores.dtype) * (norm.amax(1) * fg).unsqueeze(-1)
+        score = (norm.amax(1) * fg).unsqueeze(-1)  # (B, A, 1)
+        target_scores = torch.zeros_like(pd_scores).scatter_(-1, target_labels.unsqueeze(-1), score)  # one-hot times score
         return target_bboxes, target_scores, fg

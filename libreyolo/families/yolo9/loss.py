@@ -36,6 +36,7 @@ class DetectionLoss:
         self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
         # under DDP the number-of-targets normaliser is averaged over ranks (see distributed/context.py)
         self.reduce_normalizer = reduce_normalizer
+        self._weights: dict[tuple, torch.Tensor] = {}
 
     def __call__(
         self, raw: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float,
@@ -67,7 +68,7 @@ class DetectionLoss:
         normalizer = self.reduce_normalizer(normalizer) if self.reduce_normalizer is not None else normalizer.clamp(min=1.0)
 
         cls_sum = F.binary_cross_entropy_with_logits(logits, t_scores, reduction="none").unflatten(0, (H, -1)).sum((1, 2, 3))
-        weight = t_scores.sum(-1) * fg  # (H*B, A); zero on background anchors
+        weight = t_scores.sum(-1)  # (H*B, A); zero on background anchors (the assigner's scores are)
         # background anchors target their own (detached, non-degenerate) box: the CIoU's aspect term
         # divides by box height and would put NaN gradients behind the zero weight otherwise
         t_boxes = torch.where(fg.unsqueeze(-1), t_boxes / stride, pred_boxes.detach())
@@ -75,13 +76,23 @@ class DetectionLoss:
         per_anchor = torch.stack(((1.0 - ciou(pred_boxes, t_boxes)), _dfl(distri, t_dist, self.reg_max)), -1) * weight.unsqueeze(-1)
         box_dfl = per_anchor.unflatten(0, (H, -1)).sum((1, 2))  # (H, 2)
         items = torch.stack((box_dfl[:, 0], cls_sum, box_dfl[:, 1]), 1) / normalizer.unsqueeze(1)  # (H, 3)
+        # sum over heads and terms of head_weight * gain * term, times batch_scale: one weighted sum
+        total = (items * self._term_weights(head_weights, batch_scale, items.device)).sum()
+        return total, items[0].detach()
 
-        g_box, g_cls, g_dfl = self.gains
-        per_head = items[:, 0] * g_box + items[:, 1] * g_cls + items[:, 2] * g_dfl
-        total = per_head[0] * head_weights[0]
-        for h in range(1, H):
-            total = total + per_head[h] * head_weights[h]
-        return total * batch_scale, items[0].detach()
+    def _term_weights(self, head_weights: tuple[float, ...], batch_scale: float, device: torch.device) -> torch.Tensor:
+        """(H, 3) head_weight * gain * batch_scale, made once per setting (filled on the device: no host copy, so a
+        graph capture may make it too)."""
+        key = (tuple(head_weights), float(batch_scale), str(device))
+        w = self._weights.get(key)
+        if w is None:
+            w = torch.empty(len(head_weights), len(self.gains), device=device)
+            for h, hw in enumerate(head_weights):
+                for j, g in enumerate(self.gains):
+                    w[h, j].fill_(float(hw) * float(g) * float(batch_scale))
+            if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+                self._weights[key] = w
+        return w
 
 
 def _dfl(distri: torch.Tensor, target: torch.Tensor, reg_max: int) -> torch.Tensor:
@@ -90,7 +101,8 @@ def _dfl(distri: torch.Tensor, target: torch.Tensor, reg_max: int) -> torch.Tens
     # clamped so that a non-finite prediction gives a NaN loss (skipped by the scaler) instead of an
     # out-of-range gather that kills the CUDA context
     left = target.long().clamp_(0, reg_max - 2)
-    w_left = (left + 1).to(target.dtype) - target
-    lp = logp.gather(-1, left.unsqueeze(-1)).squeeze(-1)
-    rp = logp.gather(-1, (left + 1).unsqueeze(-1)).squeeze(-1)
-    return -(lp * w_left + rp * (1.0 - w_left)).mean(-1)
+    right = left + 1
+    w_left = right.to(target.dtype) - target
+    # both bins in one gather: (B, A, 4, 2) log-probabilities, weighted and summed over the pair
+    lp = logp.gather(-1, torch.stack((left, right), -1))
+    return -(lp * torch.stack((w_left, 1.0 - w_left), -1)).sum(-1).mean(-1)
