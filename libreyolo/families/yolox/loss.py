@@ -47,9 +47,16 @@ def iou_aligned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     lt = torch.maximum(a[..., :2], b[..., :2])
     rb = torch.minimum(a[..., 2:], b[..., 2:])
     overlap = (lt < rb).all(-1)
-    inter = torch.where(overlap, (rb - lt).prod(-1), 0.0)
-    union = (a[..., 2:] - a[..., :2]).prod(-1) + (b[..., 2:] - b[..., :2]).prod(-1) - inter
+    inter = torch.where(overlap, _area(lt, rb), 0.0)
+    union = _area(a[..., :2], a[..., 2:]) + _area(b[..., :2], b[..., 2:]) - inter
     return inter / (union + 1e-16)
+
+
+def _area(lt: torch.Tensor, rb: torch.Tensor) -> torch.Tensor:
+    """w * h, not .prod(-1): prod's backward counts zero inputs with .item(), a host synchronisation (seen on the
+    H200 under torch.cuda.set_sync_debug_mode("error")) that a captured step cannot have."""
+    wh = rb - lt
+    return wh[..., 0] * wh[..., 1]
 
 
 class YOLOXLoss:
