@@ -45,9 +45,11 @@ def main() -> int:
     ap.add_argument("--targets", default="0.5,0.7")
     ap.add_argument("--setting", action="append", required=True)
     ap.add_argument("--config", action="append", required=True)
+    ap.add_argument("--skip", action="append", default=[], help="a setting-config pair not to run, e.g. s8k-lr2x")
     ap.add_argument("common", nargs="*")
     a = ap.parse_args()
     jobs = [(f"{s}-{c}", [*s_args, *c_args]) for s, s_args in map(pairs, a.setting) for c, c_args in map(pairs, a.config)]
+    jobs = [j for j in jobs if j[0] not in a.skip]
     workers = max(1, (os.cpu_count() or 2) // len(jobs) - 1)
     targets = [float(t) for t in a.targets.split(",")]
     with ThreadPoolExecutor(len(jobs)) as pool:
