@@ -70,3 +70,10 @@ def test_skipped_steps_at_the_start_of_a_float16_run(probed, expected_skips):
         skipped += scaler.get_scale() < before
         opt.zero_grad()
     assert skipped == expected_skips
+
+
+@pytest.mark.parametrize("limit,guess,most_checks", [(13, 13, 3), (13, 12, 6), (13, 20, 7), (0, 5, 6), (24, 24, 2)])
+def test_a_good_guess_decides_in_three_checks_and_a_bad_one_still_finds_the_limit(limit, guess, most_checks):
+    calls = []
+    assert largest_finite_exp(lambda e: calls.append(e) or e <= limit, guess=lambda: guess) == limit
+    assert len(calls) <= most_checks, calls

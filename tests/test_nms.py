@@ -93,3 +93,20 @@ def test_real_network_outputs():
         for max_det in (300, 20):
             _same(boxes, scores, 0.001, 0.7, max_det, multi_label)
             _same(boxes, scores, 0.001, 0.7, max_det, multi_label, per_call=100_000)
+
+
+def test_nms_kernel_is_torchvisions_without_importing_the_package():
+    """nn.nms loads torchvision's compiled NMS op directly: a validation does not import torchvision (whose import
+    pulls in torch._dynamo and Triton, seconds of a run's start on the H200 machine). Run in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from libreyolo.nn.nms import _nms, nms_packed\n"
+            "b = torch.rand(2, 500, 4) * 60; b[..., 2:] += b[..., :2]\n"
+            "out = nms_packed(b, torch.rand(2, 500, 3), 0.01, 0.5, 50, True)\n"
+            "assert len(out) > 0 and 'torchvision' not in sys.modules, sorted(m for m in sys.modules if 'vision' in m)\n"
+            "import torchvision.ops\n"
+            "bx, s = b[0], torch.rand(500)\n"
+            "assert torch.equal(_nms()(bx, s, 0.5), torchvision.ops.nms(bx, s, 0.5))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

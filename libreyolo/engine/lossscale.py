@@ -4,28 +4,40 @@ GradScaler starts at 2**16 and halves the scale after each optimizer step whose 
 that step. YOLO losses are summed over the batch (and multiplied by it: families/yolo9/loss.py), so their
 gradients are large: a 15-epoch run of 800 images at batch 16 lost 10-11 of its first ~12 optimizer steps
 while the scale fell from 65,536 to 32 (H200, docs/performance.md). Here, before the first step, one forward
-and a few backward passes of the first batch (torch.autograd.grad: nothing is accumulated, the optimizer
+and two or three backward passes of the first batch (torch.autograd.grad: nothing is accumulated, the optimizer
 never sees them) find the largest power of two at which every float16 gradient is finite; the run starts one
 halving below it, so the first steps are not skipped. Later overflows still back the scale off and are
 counted as before. BatchNorm buffers are restored afterwards, so the probe leaves no trace in the weights."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 MAX_EXP = 24  # 2**24: far above any scale a real network's gradients fit under in float16
+FP16_MAX = 65504.0
 MARGIN_EXP = 1  # start one halving below the largest finite scale: gradients grow early in training
 
 
-def largest_finite_exp(finite_at: Callable[[int], bool], hi: int = MAX_EXP) -> int | None:
+def largest_finite_exp(finite_at: Callable[[int], bool], hi: int = MAX_EXP, guess: Callable[[], int] | None = None) -> int | None:
     """The largest e in [0, hi] with finite_at(e), by bisection (overflow is monotone in the scale); None if
-    even a scale of 1 overflows."""
+    even a scale of 1 overflows. guess(), asked after the check at 0, narrows the search first: when finite_at
+    (guess) holds and finite_at(guess + 1) does not, two checks decide it."""
     if not finite_at(0):
         return None
     lo = 0  # finite
+    if guess is not None:
+        g = min(max(guess(), 0), hi)
+        if g > 0 and finite_at(g):
+            lo = g
+            if g == hi or not finite_at(g + 1):
+                return g
+            lo = g + 1
+        elif g > 0:
+            hi = g - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if finite_at(mid):
@@ -37,7 +49,8 @@ def largest_finite_exp(finite_at: Callable[[int], bool], hi: int = MAX_EXP) -> i
 
 def probe_loss_scale(net: nn.Module, forward: Callable[[torch.Tensor], Any], loss_fn: Callable, inputs: list[torch.Tensor],
                      img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, batch_scale: float,
-                     agree: Callable[[bool], bool] = lambda finite: finite) -> tuple[float, int | None]:
+                     agree: Callable[[bool], bool] = lambda finite: finite,
+                     agree_min: Callable[[float], float] = lambda x: x) -> tuple[float, int | None]:
     """-> (the scale to start with, the largest finite exponent found). `forward(img)` runs the train net under
     the step's autocast; `inputs` are the tensors whose gradients the optimizer will see (the float16 weight
     stand-ins, or the parameters). Under DDP `agree` makes every rank take the same bisection path (finite on
@@ -47,12 +60,26 @@ def probe_loss_scale(net: nn.Module, forward: Callable[[torch.Tensor], Any], los
         outputs = forward(img)
         loss, _ = loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), batch_scale)
 
-        def finite_at(e: int) -> bool:
-            grads = torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True)
-            flags = [torch.isfinite(g).all() for g in grads if g is not None]
-            return agree(bool(torch.stack(flags).all()) if flags else True)
+        peak: list[float] = []
 
-        exp = largest_finite_exp(finite_at)
+        def finite_at(e: int) -> bool:
+            grads = [g for g in torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True) if g is not None]
+            if not grads:
+                return agree(True)
+            stats = torch.stack([torch.stack((torch.isfinite(g).all().float(), g.abs().amax().float())) for g in grads])
+            ok, top = stats[:, 0].min().item() > 0, stats[:, 1].max().item()  # one host read per pass
+            if e == 0:
+                peak.append(top)
+            return agree(ok)
+
+        def guess() -> int:
+            """The exponent at which the largest gradient seen at scale 1 would just stay under float16's max,
+            less one (activation gradients can exceed weight gradients): agreed by every rank (the smallest)."""
+            top = peak[0] if peak else 0.0
+            e = int(math.floor(math.log2(FP16_MAX / top))) - 1 if top > 0 else MAX_EXP
+            return int(agree_min(e))
+
+        exp = largest_finite_exp(finite_at, guess=guess)
     finally:
         with torch.no_grad():
             for b, saved in buffers:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,26 +154,7 @@ def _scan(data: DataConfig, split: str, nc: int, notes: list[str]) -> LabelSet:
     return ls
 
 
-# what only validation needs, imported on a background thread while the run sets up and trains its first epoch
-# (torchvision's import alone pulls in torch._dynamo: seconds that need not delay the first step)
-VALIDATION_IMPORTS = ("torchvision.ops", "faster_coco_eval")
-
-
-def import_in_background(modules: tuple[str, ...] = VALIDATION_IMPORTS) -> threading.Thread:
-    def run() -> None:
-        for m in modules:
-            try:
-                importlib.import_module(m)
-            except Exception:  # the real import, when validation runs, reports the problem
-                pass
-
-    t = threading.Thread(target=run, name="libreyolo-imports", daemon=True)
-    t.start()
-    return t
-
-
 def build_setup(trainer: Any) -> TrainSetup:
-    import_in_background()
     ckpt = _resume_config(trainer) if trainer.cfg.resume else None
     cfg: TrainConfig = trainer.cfg
     # under torchrun (or the spawn launcher's workers) this joins the process group and picks cuda:LOCAL_RANK

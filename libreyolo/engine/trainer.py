@@ -203,7 +203,8 @@ class Trainer:
                     return s.train_net(normalize(x, e.channels_last))
             inputs = [p for p in s.train_net.parameters() if p.requires_grad]
         scale, exp = probe_loss_scale(s.train_net, forward, e.loss_fn, inputs, img, targets, mask, e.batch_scale,
-                                      agree=lambda finite: s.dist.min(float(finite), s.device) > 0)
+                                      agree=lambda finite: s.dist.min(float(finite), s.device) > 0,
+                                      agree_min=lambda x: s.dist.min(x, s.device))
         set_start_scale(s.scaler, scale)
         found = f"finite up to 2^{exp}" if exp is not None else "not finite even at scale 1"
         self.emit(ev.Amp(enabled=True, dtype=s.amp.dtype, scaler=True, scale=scale, skipped_steps=0, epoch=None,

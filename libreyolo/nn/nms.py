@@ -15,6 +15,10 @@ Semantics (both implementations below, to the last bit):
 
 from __future__ import annotations
 
+import functools
+import importlib.machinery
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -189,9 +193,19 @@ def split_detections(packed: torch.Tensor, batch_size: int) -> list[dict[str, to
     return [{"boxes": p[:, 1:5], "scores": p[:, 5], "classes": p[:, 6].long()} for p in packed.split(counts)]
 
 
+@functools.cache
 def _nms() -> Any:
-    """torchvision.ops.nms, imported on first use: importing torchvision imports torch._dynamo, seconds of a
-    run's start-up that training does not need (engine/setup.py imports it in the background meanwhile)."""
-    from torchvision.ops import nms
+    """torchvision's NMS kernel (torch.ops.torchvision.nms, what torchvision.ops.nms calls), loaded from
+    torchvision's compiled extension without importing the torchvision package: that import pulls in
+    torch._dynamo, Triton and the ONNX op registry, 5-8 s on the H200 machine (docs/performance.md), which a
+    run would pay at its first validation. Where the extension cannot be loaded directly, the package import."""
+    try:
+        folder = Path(importlib.util.find_spec("torchvision").submodule_search_locations[0])
+        # the extension's name by torchvision release (_C_stable from 0.27 on), with Python's extension suffixes
+        lib = next(folder / (n + x) for n in ("_C_stable", "_C") for x in importlib.machinery.EXTENSION_SUFFIXES if (folder / (n + x)).is_file())
+        torch.ops.load_library(str(lib))
+        return torch.ops.torchvision.nms
+    except Exception:
+        from torchvision.ops import nms
 
-    return nms
+        return nms
