@@ -82,3 +82,37 @@ def test_validation_on_cuda_gives_the_cpu_metrics(tmp_path):
     assert out["cpu"]["images"] == out["cuda"]["images"] == 40
     for k in ("map", "map50"):
         assert out["cuda"][k] == pytest.approx(out["cpu"][k], abs=0.02)
+
+
+def test_graphed_validation_matches_eager_and_follows_weights_changed_in_place(tmp_path):
+    """eval/graphed.py: forward and loss replayed from one graph give the eager validation's detections and losses,
+    also after the weights change in place (as the EMA copy's do between epochs); the short last batch is padded."""
+    from libreyolo import LibreYOLO
+    from libreyolo.config import TrainConfig
+    from libreyolo.data.config import list_images, load_data_config
+    from libreyolo.data.dataset import YOLODataset, capacity
+    from libreyolo.data.labels import scan_labels
+    from libreyolo.data.loader import ValLoader
+    from libreyolo.data.shapes import make_shapes
+    from libreyolo.eval.graphed import EvalGraph
+    from libreyolo.eval.validator import start_validation
+
+    dc = load_data_config(str(make_shapes(tmp_path / "shapes", n_train=2, n_val=40, size=320)))
+    ls = scan_labels(list_images(dc.val), dc.nc)
+    loader = ValLoader(YOLODataset(ls, 320, augment=False), 16, 2, True, persistent=True)  # 16 + 16 + 8 images
+    model = LibreYOLO("LibreYOLO9t")
+    net = model.prepare_for_training(dc.names, fresh=True).to(DEV).eval()
+    loss = model.family.loss(net, TrainConfig.from_overrides({"imgsz": 320}))
+    graph = EvalGraph(net, loss, torch.float16, capacity(max(map(len, ls.labels))))
+    for round_ in range(2):
+        eager = start_validation(net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True).result()
+        graphed = start_validation(net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True,
+                                   graph=graph).result()
+        assert graph.error is None and graph.replays == 2 * (round_ + 1)  # the two full batches; the short one is padded too
+        assert graphed["detections"] == eager["detections"] and graphed["map"] == pytest.approx(eager["map"], abs=1e-6)
+        for k, v in eager["losses"].items():
+            assert graphed["losses"][k] == pytest.approx(v, rel=1e-4), k
+        with torch.no_grad():  # what an EMA update does between epochs: the same tensors, new values
+            for p in net.parameters():
+                p.mul_(0.9)
+    loader.close()

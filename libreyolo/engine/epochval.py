@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from libreyolo import events as ev
+from libreyolo.data.dataset import capacity
 from libreyolo.engine.rundir import append_results, results_columns, results_row
+from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.validator import PendingValidation, start_validation
 
 VAL_PREFETCH_STEPS = 4  # the validation workers start decoding this many steps before an epoch ends
@@ -40,12 +42,23 @@ class EpochValidations:
         self.pending: _Pending | None = None
         self.fitness: dict[int, float] = {}  # epoch -> fitness, once landed
         self.patience_left = trainer.cfg.patience or math.inf
+        s, cfg = trainer.s, trainer.cfg
+        # the validated network (the EMA copy) is updated in place: one graph serves every validation
+        self.graph = None
+        if s.device.type == "cuda" and cfg.cuda_graph is not False and s.is_main:
+            net = s.ema.ema if s.ema is not None else s.net
+            self.graph = EvalGraph(net, s.val_loss, s.amp.autocast_dtype, capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)))
+        self._told = False
 
     @property
     def synchronous(self) -> bool:
         """DDP: every rank takes part in the broadcast of the result, at the same point. profile=true: an
         evaluation running beside the profiled steps would take the interpreter lock and the CPU from them."""
         return self.trainer.s.world_size > 1 or self.trainer.cfg.profile
+
+    def invalidate(self) -> None:
+        if self.graph is not None:
+            self.graph.invalidate()
 
     def due(self, epoch: int) -> bool:
         cfg = self.trainer.cfg
@@ -65,7 +78,11 @@ class EpochValidations:
             net = s.ema.ema if s.ema is not None else s.net
             weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
             v = start_validation(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det,
-                                 s.amp.autocast_dtype, cfg.channels_last, background=not self.synchronous)
+                                 s.amp.autocast_dtype, cfg.channels_last, background=not self.synchronous,
+                                 static_shape=self.graph is not None, graph=self.graph)
+            if self.graph is not None and self.graph.error and not self._told:
+                self._told = True
+                tr.emit(ev.WarningEvent(f"validation runs eager: capturing its CUDA graph failed ({self.graph.error})", code="val_graph"))
             self.pending = _Pending(epoch, v, train_losses, lrs, weights)
         if self.synchronous and self.due(epoch):
             self.settle(wait=True)

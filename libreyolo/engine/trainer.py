@@ -127,6 +127,7 @@ class Trainer:
         """Point the sampler at the epoch and start its iterator: persistent workers begin decoding at once."""
         if self._mosaic_closes(epoch):
             self.s.family.hooks["on_mosaic_close"](self)
+            self.vals.invalidate()  # the hook may change what the (validation) loss computes
         self.s.sampler.set_epoch(epoch, self._mosaic(epoch), start)
         return start, iter(self.s.train_loader)
 

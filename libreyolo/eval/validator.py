@@ -20,6 +20,7 @@ from torch import nn
 from libreyolo.data.dataset import YOLODataset
 from libreyolo.engine.step import normalize
 from libreyolo.eval.coco import CocoAccumulator
+from libreyolo.eval.graphed import EvalGraph
 
 # COCO evaluations run one at a time: two at once would double their memory and share one interpreter lock
 _EVAL_LOCK = threading.Lock()
@@ -110,6 +111,7 @@ def start_validation(
     eval_workers: int = 1,
     stages: Stages | None = None,
     background: bool = True,
+    graph: EvalGraph | None = None,
 ) -> PendingValidation:
     """Run the network over the loader (a `ValLoader` or any loader of `collate`d validation batches) and start
     the COCO evaluation. The pending result has precision, recall, map50, map, losses {term: value} (the family's
@@ -120,6 +122,7 @@ def start_validation(
     the forward sees one input shape, e.g. for a captured graph or cuDNN's per-shape algorithm timing.
     eval_workers > 1: a large COCO evaluation is split by categories over that many processes (eval/coco.py).
     background=False: the evaluation runs in the caller's thread when result() is first called.
+    graph: forward and loss through a CUDA graph of the (static_shape) batch shape (eval/graphed.py).
 
     The background thread shares the interpreter lock with the caller: faster-coco-eval holds it through its C++
     evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
@@ -148,13 +151,18 @@ def start_validation(
                 if size and n < size:
                     x = torch.cat((x, x.new_zeros((size - n, *x.shape[1:])))).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
                 imgsz = (x.shape[2], x.shape[3])
-                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                    raw = net(x)
-                if x.shape[0] > n:
-                    raw = _first(raw, n)
+                items = None
+                if graph is not None:
+                    raw, items = graph(x, batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True), imgsz)
+                else:
+                    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                        raw = net(x)
+                if x.shape[0] > n:  # padded: the loss of the real images only
+                    raw, items = _first(raw, n), None
             if loss_fn is not None:
                 with st("loss"):
-                    _, items = loss_fn(raw, batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True), imgsz, 1.0)
+                    if items is None:
+                        _, items = loss_fn(raw, batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True), imgsz, 1.0)
                     loss_sum += items
             with st("postprocess"):
                 packed = family.postprocess(net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=True)
