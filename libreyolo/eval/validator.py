@@ -153,7 +153,11 @@ def start_validation(
                 imgsz = (x.shape[2], x.shape[3])
                 items = None
                 if graph is not None:
-                    raw, items = graph(x, batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True), imgsz)
+                    targets, mask = batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True)
+                    if x.shape[0] > n:  # the padding images have no labels
+                        targets = torch.nn.functional.pad(targets, (0, 0, 0, 0, 0, x.shape[0] - n))
+                        mask = torch.nn.functional.pad(mask, (0, 0, 0, x.shape[0] - n))
+                    raw, items = graph(x, targets, mask, imgsz)
                 else:
                     with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
                         raw = net(x)
