@@ -40,6 +40,9 @@ from libreyolo.engine.flat import FlatParams
 from libreyolo.families import parse_model_name
 
 CPU = torch.device("cpu")
+# ops whose result size or value the host must read: on a GPU each waits for the queued work (a synchronisation)
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+            "nonzero_static", "allclose"}
 
 
 class Phases:
@@ -145,7 +148,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         (views if is_view else per_phase)[phase] += k
         if not is_view:
             top[f"{phase}:{name}"] += k
-        if name in ("_local_scalar_dense", "item"):
+        if name in SYNC_OPS:
             syncs += k
     step_ms, wall_ms, phase_ms = [], [], collections.defaultdict(list)
     for _ in range(args.windows):
@@ -161,7 +164,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "ops_per_step": sum(per_phase.values()) / acc, "view_ops_per_step": sum(views.values()) / acc,
         "ops_per_phase": {k: v / acc for k, v in sorted(per_phase.items())},
         "view_ops_per_phase": {k: v / acc for k, v in sorted(views.items())},
-        "host_reads_per_window": syncs,
+        "host_reads_per_window": syncs,  # SYNC_OPS dispatched in one accumulation window
         "host_ms_per_step": statistics.median(step_ms), "host_ms_min": min(step_ms), "wall_ms_per_step": statistics.median(wall_ms),
         "host_ms_per_phase": {k: statistics.median(v) for k, v in sorted(phase_ms.items())},
         "top_ops": {k: v / acc for k, v in top.most_common(args.top)},
