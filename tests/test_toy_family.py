@@ -151,3 +151,15 @@ def test_family_keys_belong_to_their_family(toy):
     assert spec["toy_gain"] == (1.0, "family:toy") and "box" not in spec and spec["optimizer"][0] == "AdamW"
     everyone = [k for k, *_ in TrainConfig.spec()]
     assert "toy_gain" in everyone and "box" in everyone
+
+
+def test_built_in_families_keep_their_order_whatever_is_imported_first():
+    """--help and the docs list families in the registry's order: importing a family's module first must not
+    move it ahead (the registry is filled while that module is still being imported)."""
+    import subprocess
+    import sys
+
+    for first in ("libreyolo.families.yolox.network", "libreyolo.families.yolo9.network", "libreyolo.config"):
+        code = f"import {first}\nfrom libreyolo.families import families\nprint(','.join(families()))"
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300).stdout
+        assert out.split()[-1] == "yolo9,yolox", (first, out)

@@ -101,12 +101,21 @@ _REGISTRY: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
-    """Add a family (a built-in one at import, or a plugin's, or a test's); its models and keys become known."""
-    _load_builtin()
+    """Add a family (a built-in one at import, or a plugin's, or a test's); its models and keys become known.
+    The registry lists the built-in families in _BUILTIN order whatever order they were imported in (--help and
+    the docs follow it), then the others in the order they were registered."""
     if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
         raise ValueError(f"a model family named {family.name!r} is already registered")
     _REGISTRY[family.name] = family
+    ordered = sorted(_REGISTRY.values(), key=_rank)
+    _REGISTRY.clear()
+    _REGISTRY.update((f.name, f) for f in ordered)
     return family
+
+
+def _rank(fam: Family) -> int:
+    mod = getattr(fam.build, "__module__", "")
+    return next((i for i, m in enumerate(_BUILTIN) if mod == m or mod.startswith(m + ".")), len(_BUILTIN))
 
 
 def unregister(name: str) -> None:
@@ -161,12 +170,3 @@ def _load_builtin() -> None:
         _loaded = True
         for module in _BUILTIN:
             importlib.import_module(module)
-        # registration order is import order: importing libreyolo.families.yolox before the registry is first
-        # used would list it first (in --help, the docs). Built-ins follow _BUILTIN; others keep their order.
-        def rank(fam: Family) -> int:
-            mod = getattr(fam.build, "__module__", "")
-            return next((i for i, m in enumerate(_BUILTIN) if mod == m or mod.startswith(m + ".")), len(_BUILTIN))
-
-        ordered = sorted(_REGISTRY.values(), key=rank)
-        _REGISTRY.clear()
-        _REGISTRY.update((f.name, f) for f in ordered)
