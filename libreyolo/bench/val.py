@@ -25,16 +25,17 @@ STAGES = ("loader", "forward", "loss", "postprocess", "to_host", "coco_eval")
 
 
 def run(argv: list[str]) -> int:
-    extra = {"split": str, "json": flag, "static": flag, "eval_workers": int, "nms_chunk": int, "nms_prefix": int}
+    extra = {"split": str, "json": flag, "static": flag, "graph": flag, "eval_workers": int, "nms_chunk": int, "nms_prefix": int}
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
         return show_help("bench val", KEYS, {"split": "val (default) or test", "static": "pad every batch to batch= (one input shape)",
+                                              "graph": "forward and loss replayed from a CUDA graph, as training validates (default: true on CUDA; implies static)",
                                               "eval_workers": "processes for a large COCO evaluation (default: up to 8, by CPUs)",
                                               "nms_chunk": "boxes per NMS call on CUDA (nn/nms.py CUDA_BOXES_PER_CALL)",
                                               "nms_prefix": "the first NMS round's minimum candidates per image (nn/nms.py PREFIX_MIN)", "json": "print JSON"})
     kw = parse_kv(argv, KEYS, extra)
-    as_json, split, static = kw.pop("json", False), kw.pop("split", "val"), kw.pop("static", False)
+    as_json, split, static, graph = kw.pop("json", False), kw.pop("split", "val"), kw.pop("static", False), kw.pop("graph", None)
     eval_workers = kw.pop("eval_workers", None)
     from libreyolo.nn import nms
 
@@ -42,7 +43,7 @@ def run(argv: list[str]) -> int:
     nms.PREFIX_MIN = kw.pop("nms_prefix", nms.PREFIX_MIN)
     kw.setdefault("model", "LibreYOLO9t")
     kw.setdefault("data", "shapes")
-    report = bench_val(TrainConfig.from_overrides({"imgsz": 640, **kw}), split, static, eval_workers)
+    report = bench_val(TrainConfig.from_overrides({"imgsz": 640, **kw}), split, static, eval_workers, graph)
     if as_json:
         print(json.dumps(report))
         return 0
@@ -50,7 +51,8 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_workers: int | None = None) -> dict[str, Any]:
+def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_workers: int | None = None,
+              graph: bool | None = None) -> dict[str, Any]:
     from libreyolo import LibreYOLO
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import YOLODataset
@@ -59,6 +61,8 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
     from libreyolo.distributed.device import parse_device
     from libreyolo.engine.amp import resolve_amp
     from libreyolo.errors import DataError
+    from libreyolo.data.dataset import capacity
+    from libreyolo.eval.graphed import EvalGraph
     from libreyolo.eval.validator import Stages, start_validation, to_input
 
     kind, gpus = parse_device(cfg.device)
@@ -81,10 +85,13 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
     net = model.net.to(device).eval()
     loss_fn = model.family.loss(net, TrainConfig.from_overrides({}, family=model.family))  # the family's own loss gains
     loader = ValLoader(YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda", persistent=True)
+    graph = device.type == "cuda" if graph is None else graph and device.type == "cuda"
+    static = static or graph
+    eval_graph = EvalGraph(net, loss_fn, amp.autocast_dtype, capacity(max(map(len, ls.labels), default=0))) if graph else None
 
     def validation(stages: Stages | None = None) -> dict[str, Any]:
         return start_validation(net, model.family, loader, device, model.names, loss_fn, cfg.conf, cfg.iou, cfg.max_det, amp.autocast_dtype,
-                                static_shape=static, eval_workers=eval_workers, stages=stages).result()
+                                static_shape=static, eval_workers=eval_workers, stages=stages, graph=eval_graph).result()
 
     try:
         # 1. the loader alone
@@ -120,7 +127,8 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
     from libreyolo.nn import nms
 
     meta = {"model": model.model_name, "nms_chunk": nms.CUDA_BOXES_PER_CALL, "nms_prefix": nms.PREFIX_MIN, "trained": model.trained, "data": str(dc.yaml_path), "split": split, "imgsz": cfg.imgsz, "batch": batch,
-            "workers": workers, "eval_workers": eval_workers, "static": static, "conf": cfg.conf, "iou": cfg.iou, "max_det": cfg.max_det,
+            "workers": workers, "eval_workers": eval_workers, "static": static, "graph": graph,
+            "graph_error": eval_graph.error if eval_graph is not None else None, "conf": cfg.conf, "iou": cfg.iou, "max_det": cfg.max_det,
             "amp": amp.enabled, "amp_dtype": amp.dtype, "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     return {
