@@ -33,7 +33,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from libreyolo.config import TrainConfig
-from libreyolo.engine import optim
 from libreyolo.engine.amp import AmpPolicy
 from libreyolo.engine.components import build_step_parts
 from libreyolo.engine.flat import FlatParams

@@ -22,7 +22,7 @@ def opt(default: Any, parse: Callable[[Any], Any], help: str, group: str = "trai
 @dataclass
 class TrainConfig:
     # run
-    model: str = opt("LibreYOLO9t", K.text, "model name (LibreYOLO9t, LibreYOLO9s) or a checkpoint .pt", "run")
+    model: str = opt("LibreYOLO9t", K.text, "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs: docs/families.md) or a checkpoint .pt", "run")
     data: str = opt("shapes", K.text, "dataset yaml, or 'shapes' for the built-in synthetic dataset", "run")
     epochs: int = opt(100, K.positive(K.integer), "number of training epochs", "run")
     batch: int = opt(16, K.batch, "global batch size (split over GPUs); -1 picks it from GPU memory", "run")

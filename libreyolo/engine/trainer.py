@@ -16,7 +16,7 @@ from libreyolo.engine import optim
 from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
 from libreyolo.engine.epochval import VAL_PREFETCH_STEPS, EpochValidations
 from libreyolo.engine.lossscale import probe_loss_scale, set_start_scale
-from libreyolo.engine.meters import LossMeter, Throughput
+from libreyolo.engine.meters import Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.state import model_record, restore_rng, rng_state
 from libreyolo.engine.step import NO_PHASES, normalize
