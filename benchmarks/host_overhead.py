@@ -40,8 +40,18 @@ from libreyolo.families import parse_model_name
 
 CPU = torch.device("cpu")
 # ops whose result size or value the host must read: on a GPU each waits for the queued work (a synchronisation)
-SYNC_OPS = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-            "nonzero_static", "allclose"}
+SYNC_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "is_nonzero",
+    "equal",
+    "masked_select",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "nonzero_static",
+    "allclose",
+}
 
 
 class Phases:
@@ -79,14 +89,28 @@ class OpCounter(TorchDispatchMode):
 MICRO = "micro"  # a YOLOv9 width table entry registered by --micro
 
 
-def build(model: str, batch: int, imgsz: int, amp: str, flat: bool, acc: int, optimizer: str, seed: int = 0, micro: bool = False) -> tuple[Any, Any]:
+def build(
+    model: str,
+    batch: int,
+    imgsz: int,
+    amp: str,
+    flat: bool,
+    acc: int,
+    optimizer: str,
+    seed: int = 0,
+    micro: bool = False,
+) -> tuple[Any, Any]:
     family, size = parse_model_name(model)
     if micro:
         from libreyolo.families.yolo9 import network
 
-        network.SIZES[MICRO] = network.Widths((4, 8), (8, 8, 4), (8, 8, 4), (8, 8, 4), (8, 8, 4), (8, 4), (8, 8), network.SIZES[size].n)
+        network.SIZES[MICRO] = network.Widths(
+            (4, 8), (8, 8, 4), (8, 8, 4), (8, 8, 4), (8, 8, 4), (8, 4), (8, 8), network.SIZES[size].n
+        )
         size = MICRO
-    cfg = TrainConfig.from_overrides({"model": model, "imgsz": imgsz, "batch": batch, "nbs": batch * acc, "device": "cpu", "optimizer": optimizer})
+    cfg = TrainConfig.from_overrides(
+        {"model": model, "imgsz": imgsz, "batch": batch, "nbs": batch * acc, "device": "cpu", "optimizer": optimizer}
+    )
     torch.manual_seed(seed)
     net = family.build(size, 3)
     parts = build_step_parts(family, net, cfg, CPU, batch, 10_000_000, flat=False)
@@ -114,7 +138,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     if args.micro:
         torch.backends.mkldnn.enabled = False
-    parts, cfg = build(args.model, args.batch, args.imgsz, args.amp, not args.no_flat, args.acc, args.optimizer, micro=args.micro)
+    parts, cfg = build(
+        args.model, args.batch, args.imgsz, args.amp, not args.no_flat, args.acc, args.optimizer, micro=args.micro
+    )
     step = parts.eager_step(cfg.grad_clip)
     img, targets, mask = batch_of(args.batch, args.imgsz)
     acc = parts.accumulate
@@ -160,11 +186,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             phase_ms[k].append(v / acc)
     return {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
-        "ops_per_step": sum(per_phase.values()) / acc, "view_ops_per_step": sum(views.values()) / acc,
+        "ops_per_step": sum(per_phase.values()) / acc,
+        "view_ops_per_step": sum(views.values()) / acc,
         "ops_per_phase": {k: v / acc for k, v in sorted(per_phase.items())},
         "view_ops_per_phase": {k: v / acc for k, v in sorted(views.items())},
         "host_reads_per_window": syncs,  # SYNC_OPS dispatched in one accumulation window
-        "host_ms_per_step": statistics.median(step_ms), "host_ms_min": min(step_ms), "wall_ms_per_step": statistics.median(wall_ms),
+        "host_ms_per_step": statistics.median(step_ms),
+        "host_ms_min": min(step_ms),
+        "wall_ms_per_step": statistics.median(wall_ms),
         "host_ms_per_phase": {k: statistics.median(v) for k, v in sorted(phase_ms.items())},
         "top_ops": {k: v / acc for k, v in top.most_common(args.top)},
     }
@@ -179,7 +208,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--amp", choices=("bf16", "none"), default="bf16")
     p.add_argument("--no-flat", action="store_true", help="ordinary parameters, as under DDP")
     p.add_argument("--optimizer", default="AdamW", choices=("AdamW", "SGD"))
-    p.add_argument("--micro", action=argparse.BooleanOptionalAction, default=True, help="narrow layers (same ops), oneDNN off")
+    p.add_argument(
+        "--micro", action=argparse.BooleanOptionalAction, default=True, help="narrow layers (same ops), oneDNN off"
+    )
     p.add_argument("--windows", type=int, default=6, help="timed accumulation windows")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--instructions", action="store_true", help="one window inside qsort, for callgrind (see above)")
@@ -189,10 +220,14 @@ def main(argv: list[str]) -> int:
     if args.json or args.instructions:
         print(json.dumps(r))
         return 0
-    print(f"ops/step {r['ops_per_step']:.0f} (+{r['view_ops_per_step']:.0f} views); host reads per window {r['host_reads_per_window']}")
+    print(
+        f"ops/step {r['ops_per_step']:.0f} (+{r['view_ops_per_step']:.0f} views); host reads per window {r['host_reads_per_window']}"
+    )
     print("ops per phase: " + ", ".join(f"{k} {v:.0f}" for k, v in r["ops_per_phase"].items()))
-    print(f"host CPU ms/step median {r['host_ms_per_step']:.2f} (min {r['host_ms_min']:.2f}, wall {r['wall_ms_per_step']:.2f}); per phase: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in r["host_ms_per_phase"].items()))
+    print(
+        f"host CPU ms/step median {r['host_ms_per_step']:.2f} (min {r['host_ms_min']:.2f}, wall {r['wall_ms_per_step']:.2f}); per phase: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in r["host_ms_per_phase"].items())
+    )
     for k, v in r["top_ops"].items():
         print(f"  {v:7.1f}  {k}")
     return 0

@@ -65,7 +65,16 @@ def main() -> int:
     ap.add_argument("--project", default="/tmp/race-runs")
     ap.add_argument("args", nargs="*")
     a = ap.parse_args()
-    cmd = [sys.executable, "-m", "libreyolo.cli.main", "train", *a.args, f"project={a.project}", f"name={a.name}", "exist_ok=true"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "libreyolo.cli.main",
+        "train",
+        *a.args,
+        f"project={a.project}",
+        f"name={a.name}",
+        "exist_ok=true",
+    ]
     run_dir = Path(a.project) / a.name
     if (run_dir / "events.jsonl").exists():
         (run_dir / "events.jsonl").unlink()
@@ -84,10 +93,17 @@ def main() -> int:
     with open(run_dir / "results.csv") as f:
         rows = list(csv.DictReader(f))
     m = lambda r: {k.split("/")[-1].strip(): float(v) for k, v in r.items() if k.startswith("metrics/")}  # noqa: E731
-    out = {"name": a.name, "rc": proc.returncode, "wall_s": round(exit_t - launch, 2), **split(events, launch, exit_t),
-           "gpu_util_mean": round(sum(util) / len(util), 1) if util else None, "final": m(rows[-1]) if rows else None,
-           "best_map": max(float(r["metrics/mAP50-95(B)"]) for r in rows) if rows else None,
-           "map_per_epoch": [round(float(r["metrics/mAP50-95(B)"]), 4) for r in rows], "args": a.args}
+    out = {
+        "name": a.name,
+        "rc": proc.returncode,
+        "wall_s": round(exit_t - launch, 2),
+        **split(events, launch, exit_t),
+        "gpu_util_mean": round(sum(util) / len(util), 1) if util else None,
+        "final": m(rows[-1]) if rows else None,
+        "best_map": max(float(r["metrics/mAP50-95(B)"]) for r in rows) if rows else None,
+        "map_per_epoch": [round(float(r["metrics/mAP50-95(B)"]), 4) for r in rows],
+        "args": a.args,
+    }
     print(json.dumps(out))
     return proc.returncode
 

@@ -28,8 +28,12 @@ def pairs(spec: str) -> tuple[str, list[str]]:
 
 
 def run(name: str, args: list[str], project: str) -> dict:
-    out = subprocess.run([sys.executable, str(HERE / "race.py"), "--name", name, "--project", project, *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = subprocess.run(
+        [sys.executable, str(HERE / "race.py"), "--name", name, "--project", project, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")), None)
     return json.loads(line) if line else {"name": name, "rc": out.returncode, "error": out.stdout[-2000:]}
 
@@ -48,7 +52,9 @@ def main() -> int:
     ap.add_argument("--skip", action="append", default=[], help="a setting-config pair not to run, e.g. s8k-lr2x")
     ap.add_argument("common", nargs="*")
     a = ap.parse_args()
-    jobs = [(f"{s}-{c}", [*s_args, *c_args]) for s, s_args in map(pairs, a.setting) for c, c_args in map(pairs, a.config)]
+    jobs = [
+        (f"{s}-{c}", [*s_args, *c_args]) for s, s_args in map(pairs, a.setting) for c, c_args in map(pairs, a.config)
+    ]
     jobs = [j for j in jobs if j[0] not in a.skip]
     workers = max(1, (os.cpu_count() or 2) // len(jobs) - 1)
     targets = [float(t) for t in a.targets.split(",")]
@@ -59,8 +65,10 @@ def main() -> int:
             maps = r.get("map_per_epoch") or []
             r["epochs_to"] = {str(t): first_epoch_at(maps, t) for t in targets}
             f.write(json.dumps(r) + "\n")
-            print(f"{r['name']:<24} rc {r.get('rc')} final {maps[-1] if maps else None} best {r.get('best_map')} "
-                  f"epochs to {r['epochs_to']} wall {r.get('wall_s')} s")
+            print(
+                f"{r['name']:<24} rc {r.get('rc')} final {maps[-1] if maps else None} best {r.get('best_map')} "
+                f"epochs to {r['epochs_to']} wall {r.get('wall_s')} s"
+            )
     return 0
 
 

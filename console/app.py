@@ -49,9 +49,15 @@ class ConsoleApp(App):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, project: str | Path = DEFAULT_PROJECT, attach: str | Path | None = None,
-                 gpu_sampler: GpuSampler | None = None, gpu_interval: float = 1.0,
-                 stop_ladder: tuple[tuple[signal.Signals, float], ...] = LADDER, theme: str | None = None) -> None:
+    def __init__(
+        self,
+        project: str | Path = DEFAULT_PROJECT,
+        attach: str | Path | None = None,
+        gpu_sampler: GpuSampler | None = None,
+        gpu_interval: float = 1.0,
+        stop_ladder: tuple[tuple[signal.Signals, float], ...] = LADDER,
+        theme: str | None = None,
+    ) -> None:
         super().__init__()
         self.project = Path(project)
         self.attach = Path(attach) if attach is not None else None
@@ -80,8 +86,12 @@ class ConsoleApp(App):
 
     # --- GPU sampling, shared by every screen --------------------------------------------------------
     def _sample_gpu(self) -> None:
-        sample_loop(self.gpu_sampler, lambda s: self.post_message(GpuSampled(s)), get_current_worker().cancelled_event,
-                    self.gpu_interval)
+        sample_loop(
+            self.gpu_sampler,
+            lambda s: self.post_message(GpuSampled(s)),
+            get_current_worker().cancelled_event,
+            self.gpu_interval,
+        )
 
     def on_gpu_sampled(self, message: GpuSampled) -> None:
         self.gpu_snapshot = message.snapshot
@@ -118,7 +128,9 @@ class ConsoleApp(App):
         yield SystemCommand("New run", "Open the new-run form", self.new_run)
         yield SystemCommand("Runs", "The list of runs under the project", self.show_runs)
         for name in self._theme_names:
-            yield SystemCommand(f"Theme: {name}", "Switch to this theme (remembered)", partial(setattr, self, "theme", name))
+            yield SystemCommand(
+                f"Theme: {name}", "Switch to this theme (remembered)", partial(setattr, self, "theme", name)
+            )
         if isinstance(screen, RunScreen):
             yield SystemCommand("Stop run", "SIGINT, then SIGTERM, then SIGKILL after timeouts", screen.action_stop)
             yield SystemCommand("Resume run", "Restart a stopped or crashed run from its last.pt", screen.action_resume)
@@ -129,19 +141,31 @@ def _run_folder(path: str) -> Path:
     if not p.is_dir():
         raise argparse.ArgumentTypeError(f"{p} is not a folder; pass a run folder such as runs/train/exp3")
     if not ((p / EVENTS).exists() or (p / RECORD).exists()):
-        raise argparse.ArgumentTypeError(f"{p} is not a run folder (it has no {EVENTS} or {RECORD}); runs live in folders such as runs/train/exp3")
+        raise argparse.ArgumentTypeError(
+            f"{p} is not a run folder (it has no {EVENTS} or {RECORD}); runs live in folders such as runs/train/exp3"
+        )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     options = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: the options may come before or after `attach` without one default overwriting the other
-    options.add_argument("--project", default=argparse.SUPPRESS,
-                         help=f"folder whose runs are listed and where new runs go (default {DEFAULT_PROJECT})")
-    options.add_argument("--theme", default=argparse.SUPPRESS,
-                         help="theme for this session: libreyolo-dark, libreyolo-light, libreyolo-high-contrast (t cycles them)")
-    parser = argparse.ArgumentParser(prog="libreyolo-console", description=__doc__, parents=[options],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add_argument(
+        "--project",
+        default=argparse.SUPPRESS,
+        help=f"folder whose runs are listed and where new runs go (default {DEFAULT_PROJECT})",
+    )
+    options.add_argument(
+        "--theme",
+        default=argparse.SUPPRESS,
+        help="theme for this session: libreyolo-dark, libreyolo-light, libreyolo-high-contrast (t cycles them)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="libreyolo-console",
+        description=__doc__,
+        parents=[options],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command")
     attach = sub.add_parser("attach", parents=[options], help="open one run directly (live or finished)")
     attach.add_argument("run_dir", type=_run_folder, help="the run folder, e.g. runs/train/exp3")

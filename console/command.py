@@ -16,7 +16,20 @@ from libreyolo.data.shapes import DEMO_SETTINGS
 from libreyolo.errors import LibreYOLOError
 
 # The keys the form shows, in order; anything else goes into the "more" field as key=value.
-FORM_KEYS = ("model", "data", "epochs", "batch", "imgsz", "device", "amp", "amp_dtype", "cuda_graph", "profile", "workers", "cache")
+FORM_KEYS = (
+    "model",
+    "data",
+    "epochs",
+    "batch",
+    "imgsz",
+    "device",
+    "amp",
+    "amp_dtype",
+    "cuda_graph",
+    "profile",
+    "workers",
+    "cache",
+)
 # The keys the console sets itself so it knows the run folder in advance.
 CONSOLE_KEYS = ("project", "name", "exist_ok")
 
@@ -93,7 +106,9 @@ def build_args(values: dict[str, str], more: str = "") -> list[str]:
         if key in FORM_KEYS:
             raise LibreYOLOError(f"{key} is set twice: in the form and in 'more' ({key}=...); keep one")
         if key in CONSOLE_KEYS:
-            raise LibreYOLOError(f"{key} is chosen by the console (it picks the run folder under --project); remove {key}=...")
+            raise LibreYOLOError(
+                f"{key} is chosen by the console (it picks the run folder under --project); remove {key}=..."
+            )
     return args + extra
 
 

@@ -94,7 +94,8 @@ class GpuSampler:
             used = getattr(p, "usedGpuMemory", None)
             procs[int(p.pid)] = used / 2**20 if isinstance(used, int) else None
         return DeviceSample(
-            index=i, name=_text(_ask(nv, nv.nvmlDeviceGetName, h) or f"GPU {i}"),
+            index=i,
+            name=_text(_ask(nv, nv.nvmlDeviceGetName, h) or f"GPU {i}"),
             util=float(util.gpu) if util is not None else None,
             mem_used_mb=mem.used / 2**20 if mem is not None else None,
             mem_total_mb=mem.total / 2**20 if mem is not None else None,
@@ -139,7 +140,9 @@ def _why(nv: Any, e: Exception) -> str:
     return f"NVML could not start ({e}): showing CPU and RAM"
 
 
-def sample_loop(sampler: GpuSampler, deliver: Callable[[GpuSnapshot], None], stop: threading.Event, interval: float = 1.0) -> None:
+def sample_loop(
+    sampler: GpuSampler, deliver: Callable[[GpuSnapshot], None], stop: threading.Event, interval: float = 1.0
+) -> None:
     """Sample every `interval` seconds until `stop` is set; runs in a worker thread."""
     try:
         while not stop.is_set():

@@ -31,7 +31,9 @@ def process_alive(rec: ProcessRecord | None, pid_event: dict[str, Any] | None) -
     return False
 
 
-def classify(last_start: dict[str, Any] | None, last_end: dict[str, Any] | None, rec: ProcessRecord | None, alive: bool) -> str:
+def classify(
+    last_start: dict[str, Any] | None, last_end: dict[str, Any] | None, rec: ProcessRecord | None, alive: bool
+) -> str:
     """live, crashed (the process is gone and wrote no run_end after its run_start), or run_end's status."""
     if alive:
         return LIVE

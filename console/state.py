@@ -156,7 +156,9 @@ class RunState:
         """The current process's `graph` fallback, if any: it trains eager from that step on. (A fallback
         written before run_start is the mode choice itself, which run_start already reports.)"""
         since = (self.start or {}).get("t", float("-inf"))
-        return next((g for g in reversed(self.graphs) if g.get("action") == "fallback" and g.get("t", since) >= since), None)
+        return next(
+            (g for g in reversed(self.graphs) if g.get("action") == "fallback" and g.get("t", since) >= since), None
+        )
 
     @property
     def fraction(self) -> float:

@@ -54,7 +54,9 @@ def read_record(run_dir: str | os.PathLike) -> ProcessRecord | None:
     path = Path(run_dir) / RECORD
     try:
         d = json.loads(path.read_text())
-        return ProcessRecord(**{k: d[k] for k in ("pid", "pgid", "create_time", "cmdline", "started")}, stop=d.get("stop"))
+        return ProcessRecord(
+            **{k: d[k] for k in ("pid", "pgid", "create_time", "cmdline", "started")}, stop=d.get("stop")
+        )
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError):
@@ -113,8 +115,15 @@ def launch(run_dir: str | os.PathLike, cmd: list[str], title: str | None = None)
     with open(run_dir / STDOUT_LOG, "ab") as log:
         log.write(f"$ {title or shlex.join(cmd)}\n".encode())
         log.flush()
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True, close_fds=True, env=env)
+        p = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
     _CHILDREN[p.pid] = p
     # The child is ours and not yet waited for, so even if it already exited it is a zombie we can read.
     ct = psutil.Process(p.pid).create_time()
@@ -138,7 +147,9 @@ def resume_run(run_dir: str | os.PathLike) -> ProcessRecord:
     """Continue a stopped or crashed run from its last.pt (the trainer appends to the same run folder)."""
     last = last_checkpoint(run_dir)
     if not last.is_file():
-        raise FileNotFoundError(f"{last} does not exist: the run stopped before its first checkpoint; start a new run instead")
+        raise FileNotFoundError(
+            f"{last} does not exist: the run stopped before its first checkpoint; start a new run instead"
+        )
     args = [f"resume={last}"]
     return launch(run_dir, train_argv(args), shlex.join(["libreyolo", "train", *args]))
 
@@ -155,16 +166,27 @@ class StopResult:
             return f"still running after {', '.join(self.sent)} ({self.seconds:.1f} s)"
         if self.ended_by is None:
             return "the process had already exited"
-        return f"stopped by {self.ended_by} after {self.seconds:.1f} s" + (f" (sent {', '.join(self.sent)})" if len(self.sent) > 1 else "")
+        return f"stopped by {self.ended_by} after {self.seconds:.1f} s" + (
+            f" (sent {', '.join(self.sent)})" if len(self.sent) > 1 else ""
+        )
 
 
 # SIGINT lets the trainer save last.pt and write run_end; the timeouts give that time before escalating.
-LADDER: tuple[tuple[signal.Signals, float], ...] = ((signal.SIGINT, 60.0), (signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0))
+LADDER: tuple[tuple[signal.Signals, float], ...] = (
+    (signal.SIGINT, 60.0),
+    (signal.SIGTERM, 20.0),
+    (signal.SIGKILL, 10.0),
+)
 
 
-def stop(rec: ProcessRecord, ladder: tuple[tuple[signal.Signals, float], ...] = LADDER, group: bool = True,
-         on_signal: Callable[[str, float], None] | None = None, cancel: threading.Event | None = None,
-         poll_s: float = 0.1) -> StopResult:
+def stop(
+    rec: ProcessRecord,
+    ladder: tuple[tuple[signal.Signals, float], ...] = LADDER,
+    group: bool = True,
+    on_signal: Callable[[str, float], None] | None = None,
+    cancel: threading.Event | None = None,
+    poll_s: float = 0.1,
+) -> StopResult:
     """Signal the run: SIGINT, then SIGTERM, then SIGKILL, each after the previous one's timeout. The
     process group is signalled (`group`, for runs the console started: that reaches DDP ranks and loader
     workers), and only while its leader is verified alive, so a recycled pid or pgid is never hit.
@@ -216,12 +238,16 @@ class ProcessTree:
         except psutil.Error:
             return []
         self._procs = {p.pid: self._procs.get(p.pid, p) for p in found}
-        self._roles = {pid: self._roles.get(pid) or ("main" if pid == self.pid else _role(p)) for pid, p in self._procs.items()}
+        self._roles = {
+            pid: self._roles.get(pid) or ("main" if pid == self.pid else _role(p)) for pid, p in self._procs.items()
+        }
         out = []
         for p in self._procs.values():
             try:
                 with p.oneshot():
-                    out.append(ProcInfo(p.pid, self._roles[p.pid], p.cpu_percent(interval=None), p.memory_info().rss / 2**20))
+                    out.append(
+                        ProcInfo(p.pid, self._roles[p.pid], p.cpu_percent(interval=None), p.memory_info().rss / 2**20)
+                    )
             except psutil.Error:
                 continue
         return out
@@ -242,6 +268,8 @@ def adopt(pid: int, started_before: float) -> ProcessRecord | None:
         return None
     try:
         p = psutil.Process(pid)
-        return ProcessRecord(pid=pid, pgid=os.getpgid(pid), create_time=p.create_time(), cmdline=p.cmdline(), started=p.create_time())
+        return ProcessRecord(
+            pid=pid, pgid=os.getpgid(pid), create_time=p.create_time(), cmdline=p.cmdline(), started=p.create_time()
+        )
     except (psutil.Error, ProcessLookupError):
         return None

@@ -51,8 +51,11 @@ class LineTail:
             st = os.fstat(f.fileno())
             head = f.read(_HEAD)
             reset = self._ino is not None and (
-                st.st_ino != self._ino or st.st_size < self.offset or not head.startswith(self._head[: len(head)]) or
-                len(head) < len(self._head))
+                st.st_ino != self._ino
+                or st.st_size < self.offset
+                or not head.startswith(self._head[: len(head)])
+                or len(head) < len(self._head)
+            )
             if reset:
                 self.offset, self._buf, self._skip_partial = 0, b"", False
             self._ino, self._head = st.st_ino, head
@@ -123,7 +126,9 @@ def parse_event(line: str | bytes) -> dict[str, Any] | None:
 Batch = TypeVar("Batch", LineBatch, EventBatch)
 
 
-def follow(read: Callable[[], Batch], deliver: Callable[[Batch], None], stop: threading.Event, interval: float = 0.25) -> None:
+def follow(
+    read: Callable[[], Batch], deliver: Callable[[Batch], None], stop: threading.Event, interval: float = 0.25
+) -> None:
     """Poll `read()` until `stop` is set, handing every non-empty batch to `deliver` (which posts it to
     the UI thread). Meant to run in a worker thread: the UI never blocks on file I/O."""
     while not stop.is_set():

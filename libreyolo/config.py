@@ -15,6 +15,7 @@ from libreyolo import keys as K
 from libreyolo.errors import ConfigError
 from libreyolo.families import Family, family_keys, get_family, parse_model_name
 
+
 def opt(default: Any, parse: Callable[[Any], Any], help: str, group: str = "train", cli: bool = True) -> Any:
     return field(default=default, metadata={"parse": parse, "help": help, "group": group, "cli": cli})
 
@@ -22,27 +23,53 @@ def opt(default: Any, parse: Callable[[Any], Any], help: str, group: str = "trai
 @dataclass
 class TrainConfig:
     # run
-    model: str = opt("LibreYOLO9t", K.text, "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs: docs/families.md) or a checkpoint .pt", "run")
+    model: str = opt(
+        "LibreYOLO9t",
+        K.text,
+        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs: docs/families.md) or a checkpoint .pt",
+        "run",
+    )
     data: str = opt("shapes", K.text, "dataset yaml, or 'shapes' for the built-in synthetic dataset", "run")
     epochs: int = opt(100, K.positive(K.integer), "number of training epochs", "run")
     batch: int = opt(16, K.batch, "global batch size (split over GPUs); -1 picks it from GPU memory", "run")
     imgsz: int = opt(640, K.imgsz, "training and validation image size (square, multiple of 32)", "run")
     device: str = opt("auto", K.device, "cpu, auto, mps, a GPU index (0), several (0,1) or cuda:N", "run")
-    workers: int | None = opt(None, K.workers, "data loader worker processes; auto picks from CPUs, GPUs and batch", "run")
+    workers: int | None = opt(
+        None, K.workers, "data loader worker processes; auto picks from CPUs, GPUs and batch", "run"
+    )
     project: str = opt("runs/train", K.text, "folder holding the run folders", "run")
     name: str = opt("exp", K.text, "run folder name; exp, exp2, ... unless exist_ok", "run")
     exist_ok: bool = opt(False, K.boolean, "reuse an existing run folder instead of incrementing the name", "run")
     resume: bool | str = opt(False, K.resume, "true to continue the run's last.pt, or a path to a last.pt", "run")
-    pretrained: bool = opt(True, K.boolean, "load weights when model names a .pt file; false builds the network untrained", "run")
+    pretrained: bool = opt(
+        True, K.boolean, "load weights when model names a .pt file; false builds the network untrained", "run"
+    )
     seed: int = opt(0, K.integer, "random seed for weights, sampling and augmentation", "run")
     deterministic: bool = opt(False, K.boolean, "use deterministic algorithms (slower on GPU)", "run")
-    cudnn_benchmark: bool | str = opt("auto", K.bool_or("auto"), "let cuDNN time its algorithms for every new input shape: faster convolutions after seconds of timing at the start; auto: only for runs of 5,000+ steps (off when deterministic)", "run")
-    patience: int = opt(100, K.nonneg(K.integer), "stop after this many epochs without a better fitness (0: never)", "run")
+    cudnn_benchmark: bool | str = opt(
+        "auto",
+        K.bool_or("auto"),
+        "let cuDNN time its algorithms for every new input shape: faster convolutions after seconds of timing at the start; auto: only for runs of 5,000+ steps (off when deterministic)",
+        "run",
+    )
+    patience: int = opt(
+        100, K.nonneg(K.integer), "stop after this many epochs without a better fitness (0: never)", "run"
+    )
     val: bool = opt(True, K.boolean, "validate after every epoch", "run")
     save_period: int = opt(-1, K.integer, "also save weights/epochN.pt every N epochs (-1: never)", "run")
-    cache: bool | str = opt(False, K.bool_or("ram", "disk", "auto", true_means="ram"), "cache decoded images: ram, disk, auto (ram if it fits, else none) or false", "run")
+    cache: bool | str = opt(
+        False,
+        K.bool_or("ram", "disk", "auto", true_means="ram"),
+        "cache decoded images: ram, disk, auto (ram if it fits, else none) or false",
+        "run",
+    )
     # optimisation
-    optimizer: str = opt("auto", K.choice("auto", "SGD", "AdamW"), "optimizer; auto: AdamW at an LR fitted to the class count, SGD at 0.01 beyond 10,000 optimizer steps (both ignore lr0 and momentum)", "optim")
+    optimizer: str = opt(
+        "auto",
+        K.choice("auto", "SGD", "AdamW"),
+        "optimizer; auto: AdamW at an LR fitted to the class count, SGD at 0.01 beyond 10,000 optimizer steps (both ignore lr0 and momentum)",
+        "optim",
+    )
     lr0: float = opt(0.01, K.positive(K.number), "initial learning rate", "optim")
     lrf: float = opt(0.01, K.positive(K.number), "final learning rate as a fraction of lr0", "optim")
     cos_lr: bool = opt(False, K.boolean, "cosine instead of linear learning-rate decay", "optim")
@@ -51,9 +78,16 @@ class TrainConfig:
     warmup_epochs: float = opt(3.0, K.nonneg(K.number), "warm-up length in epochs (at least 100 steps)", "optim")
     warmup_momentum: float = opt(0.8, K.nonneg(K.number), "momentum at the start of warm-up", "optim")
     warmup_bias_lr: float = opt(0.1, K.nonneg(K.number), "bias learning rate at the start of warm-up", "optim")
-    nbs: int | str = opt("auto", K.positive_or_auto(K.integer), "nominal batch size: gradients accumulate to about this many images; auto: 64 for long runs (over 10,000 optimizer steps at 64), the batch itself (a step per batch) for shorter ones", "optim")
+    nbs: int | str = opt(
+        "auto",
+        K.positive_or_auto(K.integer),
+        "nominal batch size: gradients accumulate to about this many images; auto: 64 for long runs (over 10,000 optimizer steps at 64), the batch itself (a step per batch) for shorter ones",
+        "optim",
+    )
     grad_clip: float = opt(10.0, K.nonneg(K.number), "clip the gradient norm to this value (0: off)", "optim")
-    ema: bool = opt(True, K.boolean, "keep an exponential moving average of the weights for val and checkpoints", "optim")
+    ema: bool = opt(
+        True, K.boolean, "keep an exponential moving average of the weights for val and checkpoints", "optim"
+    )
     ema_decay: float = opt(0.9999, K.positive(K.number), "EMA decay d in d*(1-exp(-updates/ema_tau))", "optim")
     ema_tau: float = opt(2000.0, K.positive(K.number), "EMA warm-up constant in updates", "optim")
     # augmentation
@@ -70,11 +104,25 @@ class TrainConfig:
     hsv_v: float = opt(0.4, K.nonneg(K.number), "value jitter (fraction)", "augment")
     # performance
     amp: bool = opt(True, K.boolean, "mixed precision on CUDA (off on CPU)", "speed")
-    amp_dtype: str = opt("float16", K.choice("float16", "bfloat16", aliases={"fp16": "float16", "bf16": "bfloat16", "half": "float16"}), "autocast dtype: float16 (with a loss scaler) or bfloat16", "speed")
-    cuda_graph: bool | str = opt("auto", K.bool_or("full", "auto"), "CUDA graphs: auto (the whole step where the family and run allow it, else the network, else none), full (the whole step), true (the network), false", "speed")
-    channels_last: bool = opt(True, K.boolean, "channels-last memory format on CUDA (NHWC cuDNN kernels, no layout transposes)", "speed")
+    amp_dtype: str = opt(
+        "float16",
+        K.choice("float16", "bfloat16", aliases={"fp16": "float16", "bf16": "bfloat16", "half": "float16"}),
+        "autocast dtype: float16 (with a loss scaler) or bfloat16",
+        "speed",
+    )
+    cuda_graph: bool | str = opt(
+        "auto",
+        K.bool_or("full", "auto"),
+        "CUDA graphs: auto (the whole step where the family and run allow it, else the network, else none), full (the whole step), true (the network), false",
+        "speed",
+    )
+    channels_last: bool = opt(
+        True, K.boolean, "channels-last memory format on CUDA (NHWC cuDNN kernels, no layout transposes)", "speed"
+    )
     sync_bn: bool = opt(True, K.boolean, "convert BatchNorm to SyncBatchNorm under DDP", "speed")
-    log_interval: float = opt(0.5, K.positive(K.number), "seconds between step events (losses are read asynchronously)", "speed")
+    log_interval: float = opt(
+        0.5, K.positive(K.number), "seconds between step events (losses are read asynchronously)", "speed"
+    )
     # profiler
     profile: bool = opt(False, K.boolean, "profile a window of real steps, print a verdict, write artifacts", "profile")
     profile_warmup: int = opt(5, K.nonneg(K.integer), "steps discarded before the profiled window", "profile")
@@ -84,16 +132,26 @@ class TrainConfig:
     iou: float = opt(0.7, K.positive(K.number), "NMS IoU threshold", "val")
     max_det: int = opt(300, K.positive(K.integer), "maximum detections per image", "val")
     # Python only
-    callbacks: list = field(default_factory=list, metadata={"parse": None, "help": "callables that receive every event", "group": "python", "cli": False})
+    callbacks: list = field(
+        default_factory=list,
+        metadata={"parse": None, "help": "callables that receive every event", "group": "python", "cli": False},
+    )
     # the model family's own keys (Family.keys), read and set like fields: cfg.box
-    family: str | None = field(default=None, metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True})
-    family_args: dict = field(default_factory=dict, metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True})
+    family: str | None = field(
+        default=None, metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True}
+    )
+    family_args: dict = field(
+        default_factory=dict, metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True}
+    )
 
     def __getattr__(self, name: str) -> Any:  # only reached when ordinary lookup fails: a family key
         args = self.__dict__.get("family_args")
         if args is not None and name in args:
             return args[name]
-        raise AttributeError(f"TrainConfig has no key {name!r}" + (f" (model family: {self.__dict__.get('family')})" if args is not None else ""))
+        raise AttributeError(
+            f"TrainConfig has no key {name!r}"
+            + (f" (model family: {self.__dict__.get('family')})" if args is not None else "")
+        )
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIELDS or name.startswith("_"):
@@ -139,7 +197,9 @@ class TrainConfig:
             mine = [k for f, k in owners if family is None or f.name == family.name]
             if not mine:
                 names = ", ".join(f"the {f.name} family ({', '.join(f.models)})" for f, _ in owners)
-                raise ConfigError(f"{key} is a key of {names}; {family.name} models ({', '.join(family.models)}) do not take it. Remove {key}=...")
+                raise ConfigError(
+                    f"{key} is a key of {names}; {family.name} models ({', '.join(family.models)}) do not take it. Remove {key}=..."
+                )
             parse = mine[0].parse
         if parse is None:
             return value
@@ -149,7 +209,9 @@ class TrainConfig:
             raise ConfigError(f"{key}={value!r} is not valid: {key} takes {e}") from None
 
     @classmethod
-    def from_overrides(cls, overrides: dict[str, Any], defaults: dict[str, Any] | None = None, family: Family | None = None) -> "TrainConfig":
+    def from_overrides(
+        cls, overrides: dict[str, Any], defaults: dict[str, Any] | None = None, family: Family | None = None
+    ) -> "TrainConfig":
         """The family's key defaults, its `defaults`, then `defaults`, then the user's values; every value is typed
         and checked. The family is the one given, else the one `model` names (a .pt file names none: its
         caller passes the checkpoint's family)."""

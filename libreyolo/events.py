@@ -213,7 +213,23 @@ class Heartbeat(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    c.type: c for c in (RunStart, EpochStart, Step, Val, EpochEnd, Checkpoint, Amp, Graph, Profile, Vram, WarningEvent, ErrorEvent, RunEnd, Heartbeat)
+    c.type: c
+    for c in (
+        RunStart,
+        EpochStart,
+        Step,
+        Val,
+        EpochEnd,
+        Checkpoint,
+        Amp,
+        Graph,
+        Profile,
+        Vram,
+        WarningEvent,
+        ErrorEvent,
+        RunEnd,
+        Heartbeat,
+    )
 }
 
 

@@ -164,7 +164,6 @@ def resume(v: Any) -> bool | str:
     return boolean(v)
 
 
-
 @dataclass(frozen=True)
 class Key:
     """One training key: TrainConfig's own fields are declared with `opt`, a family's own keys (its loss

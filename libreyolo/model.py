@@ -21,7 +21,13 @@ class LibreYOLO:
 
     Nothing is ever downloaded: "LibreYOLO9t.pt" must exist on disk (or pass pretrained=False)."""
 
-    def __init__(self, model: str | os.PathLike = "LibreYOLO9t", nc: int = 80, names: list[str] | None = None, pretrained: bool = True):
+    def __init__(
+        self,
+        model: str | os.PathLike = "LibreYOLO9t",
+        nc: int = 80,
+        names: list[str] | None = None,
+        pretrained: bool = True,
+    ):
         self.source = str(model)
         self.trained = False  # False: random init, which train() may rebuild under its seed
         self.metrics: dict[str, float] = {}
@@ -35,7 +41,9 @@ class LibreYOLO:
             self.load_record(load_checkpoint(path))
             return
         if stem_match is None:
-            raise ConfigError(f"model={self.source!r} is neither a known model name ({', '.join(model_names())}) nor a .pt file")
+            raise ConfigError(
+                f"model={self.source!r} is neither a known model name ({', '.join(model_names())}) nor a .pt file"
+            )
         self.family, self.size = stem_match
         self.names = list(names) if names else [f"class{i}" for i in range(nc)]
         self.net = self.family.build(self.size, len(self.names))
@@ -75,7 +83,9 @@ class LibreYOLO:
         return self.net
 
     def save(self, path: str | os.PathLike) -> Path:
-        return save_atomic(model_record(self.family.name, self.size, self.names, self.net.state_dict(), self.imgsz), path)
+        return save_atomic(
+            model_record(self.family.name, self.size, self.names, self.net.state_dict(), self.imgsz), path
+        )
 
     # --- actions ------------------------------------------------------------------------------------
     def train(self, data: str | None = None, **kwargs: Any) -> dict[str, float]:
@@ -112,7 +122,15 @@ class LibreYOLO:
 
         return run_val(self, data, **kwargs)
 
-    def predict(self, source: Any, conf: float = 0.25, iou: float = 0.7, imgsz: int | None = None, device: str = "auto", max_det: int = 300) -> list[Any]:
+    def predict(
+        self,
+        source: Any,
+        conf: float = 0.25,
+        iou: float = 0.7,
+        imgsz: int | None = None,
+        device: str = "auto",
+        max_det: int = 300,
+    ) -> list[Any]:
         from libreyolo.predict import run_predict
 
         return run_predict(self, source, conf=conf, iou=iou, imgsz=imgsz or self.imgsz, device=device, max_det=max_det)

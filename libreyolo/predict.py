@@ -58,7 +58,16 @@ def _sources(source: Any) -> list[tuple[str | None, np.ndarray | None]]:
 
 
 @torch.no_grad()
-def run_predict(model: Any, source: Any, conf: float = 0.25, iou: float = 0.7, imgsz: int = 640, device: str = "auto", max_det: int = 300, batch: int = 8) -> list[Results]:
+def run_predict(
+    model: Any,
+    source: Any,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    imgsz: int = 640,
+    device: str = "auto",
+    max_det: int = 300,
+    batch: int = 8,
+) -> list[Results]:
     kind, gpus = parse_device(device)
     dev = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
     net = model.net.to(dev).eval()
@@ -77,7 +86,9 @@ def run_predict(model: Any, source: Any, conf: float = 0.25, iou: float = 0.7, i
         x = to_input(torch.from_numpy(np.stack(imgs)), dev)
         packed = model.family.postprocess(net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det)
         # boxes back to original pixels on the device, then one copy of the batch's detections to the host
-        lb = torch.tensor([[r, px, py, img.shape[0], img.shape[1]] for _, img, r, (px, py) in metas], dtype=torch.float32, device=dev)
+        lb = torch.tensor(
+            [[r, px, py, img.shape[0], img.shape[1]] for _, img, r, (px, py) in metas], dtype=torch.float32, device=dev
+        )
         packed = to_original(packed, lb[:, 0], lb[:, 1:3], lb[:, 3:5]).cpu()
         for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas):
             results.append(Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img))

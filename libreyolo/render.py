@@ -49,9 +49,14 @@ class RichRenderer:
     def _on_run_start(self, e: ev.RunStart) -> None:
         self._epochs, self._terms = e.epochs, list(e.loss_terms)
         c = self.console
-        c.print(f"[bold]libreyolo[/] {e.model} ({e.params / 1e6:.2f}M params, {e.nc} classes) on {e.device}" + (f" x{e.world_size}" if e.world_size > 1 else ""))
+        c.print(
+            f"[bold]libreyolo[/] {e.model} ({e.params / 1e6:.2f}M params, {e.nc} classes) on {e.device}"
+            + (f" x{e.world_size}" if e.world_size > 1 else "")
+        )
         c.print(f"  data {e.data}: {e.train_images} train / {e.val_images} val images, imgsz {e.imgsz}")
-        c.print(f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, {e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph_mode}")
+        c.print(
+            f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, {e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph_mode}"
+        )
         c.print(f"  {e.cuda_graph_reason}")
         c.print(f"  run dir {e.run_dir}" + ("  [yellow](resumed)[/]" if e.resumed else ""))
 
@@ -62,8 +67,13 @@ class RichRenderer:
             return
         self.close()
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"), TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self._task = self._progress.add_task(desc, total=e.steps, stats="")
         self._progress.start()
@@ -71,12 +81,16 @@ class RichRenderer:
     def _on_step(self, e: ev.Step) -> None:
         l = e.losses  # empty until the epoch's first asynchronous read-back has landed
         losses = " ".join(f"{k} {l[k]:.3f}" if k in l else f"{k} -" for k in self._terms or l)
-        stats = f"{losses} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else "")
+        stats = f"{losses} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (
+            f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else ""
+        )
         if self.plain:
             now = time.time()
             if now - self._last_plain >= self.plain_every_s or e.step == e.steps:
                 self._last_plain = now
-                self.console.print(f"  [{e.epoch + 1}/{self._epochs}] {e.step}/{e.steps} {stats} eta {fmt_duration(e.eta_s)}")
+                self.console.print(
+                    f"  [{e.epoch + 1}/{self._epochs}] {e.step}/{e.steps} {stats} eta {fmt_duration(e.eta_s)}"
+                )
         elif self._progress is not None:
             self._progress.update(self._task, completed=e.step, stats=stats)
 
@@ -86,8 +100,15 @@ class RichRenderer:
         terms = self._terms or list(e.losses)
         for col in ("images", "P", "R", "mAP50", "mAP50-95", "val " + "/".join(terms), "time"):
             t.add_column(col, justify="right")
-        t.add_row(str(e.images), f"{e.precision:.3f}", f"{e.recall:.3f}", f"{e.map50:.3f}", f"{e.map:.3f}",
-                  "/".join(f"{e.losses.get(k, 0):.3f}" for k in terms), f"{e.time_s:.1f}s")
+        t.add_row(
+            str(e.images),
+            f"{e.precision:.3f}",
+            f"{e.recall:.3f}",
+            f"{e.map50:.3f}",
+            f"{e.map:.3f}",
+            "/".join(f"{e.losses.get(k, 0):.3f}" for k in terms),
+            f"{e.time_s:.1f}s",
+        )
         self.console.print(t)
 
     def _on_epoch_end(self, e: ev.EpochEnd) -> None:

@@ -11,7 +11,13 @@ from libreyolo.bench.kernels import busy_figures, summarize
 
 def _cli(*args):
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "libreyolo.cli.main", "bench", "step", *args], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "libreyolo.cli.main", "bench", "step", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def test_bench_step_reports_each_mode_and_graph_modes_fall_back_on_cpu():
@@ -19,14 +25,26 @@ def test_bench_step_reports_each_mode_and_graph_modes_fall_back_on_cpu():
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     assert report["meta"]["device"] == "cpu" and report["meta"]["batch"] == 2
-    assert (report["meta"]["amp"], report["meta"]["amp_dtype"]) == (False, "float32")  # YOLOv9's amp=true does not run on a CPU
+    assert (report["meta"]["amp"], report["meta"]["amp_dtype"]) == (
+        False,
+        "float32",
+    )  # YOLOv9's amp=true does not run on a CPU
     eager, full = report["results"]
     assert (eager["mode"], full["mode"]) == ("eager", "full")
     for res in (eager, full):
-        assert res["steps"] == 24 and res["accumulate"] == 2 and 0 < res["min_ms"] <= res["median_ms"] and res["warmup_s"] > 0
+        assert (
+            res["steps"] == 24
+            and res["accumulate"] == 2
+            and 0 < res["min_ms"] <= res["median_ms"]
+            and res["warmup_s"] > 0
+        )
         # CPU: no CUDA launches to count, and no GPU to be busy
         assert res["kernels_per_step"] == 0 and res["gpu_busy_frac"] is None and res["peak_allocated_gb"] is None
-        assert res["gpu_busy_ms_per_step"] is None and res["kernel_time_sum_ms_per_step"] is None and res["profiled_wall_ms_per_step"] > 0
+        assert (
+            res["gpu_busy_ms_per_step"] is None
+            and res["kernel_time_sum_ms_per_step"] is None
+            and res["profiled_wall_ms_per_step"] > 0
+        )
     assert eager["notes"] == [] and eager["speedup_vs_eager"] == 1.0
     assert len(full["notes"]) == 1 and "need a CUDA device; training eager on cpu" in full["notes"][0]
 
@@ -42,7 +60,9 @@ def test_busy_fraction_counts_overlapping_streams_once_and_never_exceeds_one():
     stream_b = [(5.0, 15.0), (13.0, 14.0), (40.0, 50.0)]
     f = busy_figures(stream_a + stream_b, wall_us=60.0, steps=2)
     assert f["gpu_busy_ms_per_step"] * 1000 * 2 == 20.0 + 1.0 + 10.0  # [0, 20), [30, 31), [40, 50)
-    assert f["kernel_time_sum_ms_per_step"] * 1000 * 2 == 10 + 8 + 1 + 10 + 1 + 10  # the plain sum: overlaps counted twice
+    assert (
+        f["kernel_time_sum_ms_per_step"] * 1000 * 2 == 10 + 8 + 1 + 10 + 1 + 10
+    )  # the plain sum: overlaps counted twice
     assert f["gpu_busy_frac"] == 31.0 / 60.0 and f["profiled_wall_ms_per_step"] * 1000 * 2 == 60.0
     # random kernels on two streams inside a window: the union never exceeds the window, the sum may
     rng = random.Random(0)

@@ -141,8 +141,17 @@ def test_memory_estimate_refuses_an_impossible_ram_cache(tiny_data, tmp_path, sh
     assert not list(shm.glob("*.bin"))
     # cache=auto: RAM when it fits, else no cache at all (nothing written beside the images)
     notes = []
-    assert open_image_cache("auto", _labels(_copy(tiny_data, tmp_path / "b")), 64, "train", notes, available=2 * 10**9, progress=False) is None
-    assert len(notes) == 1 and "cache=auto for the train images" in notes[0] and "training without an image cache" in notes[0]
+    assert (
+        open_image_cache(
+            "auto", _labels(_copy(tiny_data, tmp_path / "b")), 64, "train", notes, available=2 * 10**9, progress=False
+        )
+        is None
+    )
+    assert (
+        len(notes) == 1
+        and "cache=auto for the train images" in notes[0]
+        and "training without an image cache" in notes[0]
+    )
     auto = open_image_cache("auto", ls, 64, "train", [], progress=False)
     assert auto.mode == "ram"
     auto.close()
@@ -220,15 +229,35 @@ def test_two_cpu_ranks_share_one_ram_cache_and_remove_it(tiny_data, tmp_path, sh
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", SPAWNED_ENV)}
     env[CPU_WORLD_ENV] = "2"
     project = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-m", "libreyolo.cli.main", "train", f"data={root / 'data.yaml'}", f"project={project}",
-                        "epochs=1", "imgsz=64", "batch=4", "workers=0", "device=cpu", "cache=ram", "val=false"],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "libreyolo.cli.main",
+            "train",
+            f"data={root / 'data.yaml'}",
+            f"project={project}",
+            "epochs=1",
+            "imgsz=64",
+            "batch=4",
+            "workers=0",
+            "device=cpu",
+            "cache=ram",
+            "val=false",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     run = project / "exp"
     events = list(read_events(run / "events.jsonl"))
     assert events[0]["world_size"] == 2 and events[-1]["status"] == "finished"
     warnings = [e["message"] for e in events if e["type"] == "warning"]
-    assert not [w for w in warnings if "cache=" in w or "while caching" in w], warnings  # no fallback, nothing undecodable
+    assert not [w for w in warnings if "cache=" in w or "while caching" in w], (
+        warnings
+    )  # no fallback, nothing undecodable
     assert not list(shm.glob("*.bin*"))
     # one key per split, used by both ranks (each key has its users' lock file)
     assert len(list(shm.glob("libreyolo-ram-*.build.lock"))) == 2

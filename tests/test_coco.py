@@ -8,7 +8,10 @@ from libreyolo.eval.coco import CocoAccumulator
 
 def _reference(names, images, gts, dets):
     quiet = lambda *a, **k: None  # noqa: E731
-    gt = COCO({"images": images, "annotations": gts, "categories": [{"id": i, "name": n} for i, n in enumerate(names)]}, print_function=quiet)
+    gt = COCO(
+        {"images": images, "annotations": gts, "categories": [{"id": i, "name": n} for i, n in enumerate(names)]},
+        print_function=quiet,
+    )
     ev = COCOeval_faster(gt, gt.loadRes(dets), "bbox", print_function=quiet)
     ev.evaluate()
     ev.accumulate()
@@ -29,12 +32,23 @@ def test_map_matches_faster_coco_eval_loadres_on_noisy_detections():
         jit = gt[:, 1:] + rng.normal(0, 6, (n, 4))
         clutter = np.sort(rng.uniform(0, 600, (int(rng.integers(0, 40)), 4)).reshape(-1, 2, 2), 1).reshape(-1, 4)
         boxes = np.concatenate([jit, clutter])
-        classes = np.concatenate([np.where(rng.random(n) < 0.85, gt[:, 0], (gt[:, 0] + 1) % 3), rng.integers(0, 3, len(clutter))]).astype(int)
+        classes = np.concatenate(
+            [np.where(rng.random(n) < 0.85, gt[:, 0], (gt[:, 0] + 1) % 3), rng.integers(0, 3, len(clutter))]
+        ).astype(int)
         scores = np.concatenate([rng.uniform(0.3, 1.0, n), rng.uniform(0.001, 0.6, len(clutter))])
         acc.add(i, (640, 640), gt, boxes, scores, classes)
         images.append({"id": i, "height": 640, "width": 640})
         for c, x1, y1, x2, y2 in gt.tolist():
-            gts.append({"id": len(gts) + 1, "image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0})
+            gts.append(
+                {
+                    "id": len(gts) + 1,
+                    "image_id": i,
+                    "category_id": int(c),
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": (x2 - x1) * (y2 - y1),
+                    "iscrowd": 0,
+                }
+            )
         for (x1, y1, x2, y2), s, c in zip(boxes.tolist(), scores.tolist(), classes.tolist()):
             dets.append({"image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s})
     got = acc.evaluate()

@@ -11,19 +11,38 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_typed_values_and_aliases():
-    c = TrainConfig.from_overrides({"epochs": "5", "device": [0, 1], "amp_dtype": "bf16", "cache": True, "cuda_graph": "full", "workers": "auto"})
-    assert (c.epochs, c.device, c.amp_dtype, c.cache, c.cuda_graph, c.workers) == (5, "0,1", "bfloat16", "ram", "full", None)
-    for spec, want in [("cpu", "cpu"), ("0", "0"), ("cuda:1", "1"), ("[0, 1]", "0,1"), ("auto", "auto"), ("mps", "mps")]:
+    c = TrainConfig.from_overrides(
+        {"epochs": "5", "device": [0, 1], "amp_dtype": "bf16", "cache": True, "cuda_graph": "full", "workers": "auto"}
+    )
+    assert (c.epochs, c.device, c.amp_dtype, c.cache, c.cuda_graph, c.workers) == (
+        5,
+        "0,1",
+        "bfloat16",
+        "ram",
+        "full",
+        None,
+    )
+    for spec, want in [
+        ("cpu", "cpu"),
+        ("0", "0"),
+        ("cuda:1", "1"),
+        ("[0, 1]", "0,1"),
+        ("auto", "auto"),
+        ("mps", "mps"),
+    ]:
         assert TrainConfig.parse_value("device", spec) == want
 
 
-@pytest.mark.parametrize("key,value,needle", [
-    ("batch", 0, "batch=0 is not valid: batch takes a positive integer, or -1"),
-    ("imgsz", 100, "imgsz=100 is not valid: imgsz takes a multiple of 32"),
-    ("amp", "maybe", "amp='maybe' is not valid: amp takes a boolean"),
-    ("amp_dtype", "fp8", "one of float16, bfloat16"),
-    ("device", "gpu", "device='gpu' is not valid"),
-])
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("batch", 0, "batch=0 is not valid: batch takes a positive integer, or -1"),
+        ("imgsz", 100, "imgsz=100 is not valid: imgsz takes a multiple of 32"),
+        ("amp", "maybe", "amp='maybe' is not valid: amp takes a boolean"),
+        ("amp_dtype", "fp8", "one of float16, bfloat16"),
+        ("device", "gpu", "device='gpu' is not valid"),
+    ],
+)
 def test_bad_values_name_key_value_and_what_is_accepted(key, value, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         TrainConfig.from_overrides({key: value})

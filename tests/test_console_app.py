@@ -60,11 +60,20 @@ async def fill(pilot, field: str, text: str) -> None:
 async def start_tiny_run(pilot, data, epochs: int) -> RunScreen:
     app = pilot.app
     await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the new-run form (there are no runs yet)", 30)
-    for field, text in (("data", str(data)), ("epochs", str(epochs)), ("batch", "8"), ("imgsz", "64"), ("device", "cpu"),
-                        ("workers", "0"), ("more", "log_interval=0.1")):
+    for field, text in (
+        ("data", str(data)),
+        ("epochs", str(epochs)),
+        ("batch", "8"),
+        ("imgsz", "64"),
+        ("device", "cpu"),
+        ("workers", "0"),
+        ("more", "log_interval=0.1"),
+    ):
         await fill(pilot, field, text)
     shown = str(app.screen.query_one("#command").render())
-    assert f"libreyolo train data={data} epochs={epochs} batch=8 imgsz=64 device=cpu workers=0 log_interval=0.1" in shown
+    assert (
+        f"libreyolo train data={data} epochs={epochs} batch=8 imgsz=64 device=cpu workers=0 log_interval=0.1" in shown
+    )
     await pilot.press("ctrl+s")
     await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run view", 10)
     return app.screen
@@ -84,7 +93,10 @@ def test_run_lifecycle_start_quit_reattach_stop_resume_quit_reattach(tiny_data, 
     while record_alive(resumed) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not record_alive(resumed), "the resumed run did not finish on its own"
-    assert [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"] == ["interrupted", "finished"]
+    assert [e["status"] for e in read_events(run_dir / "events.jsonl") if e["type"] == "run_end"] == [
+        "interrupted",
+        "finished",
+    ]
     assert "interrupted" in (run_dir / "stdout.log").read_text()  # both processes logged to the same file
 
     asyncio.run(_reattach_finished(run_dir, tmp_path))
@@ -158,7 +170,14 @@ async def _reattach_finished(run_dir, tmp_path):
 def test_a_run_that_died_without_run_end_shows_crashed_with_its_last_output(tmp_path, runs_started):
     run_dir = tmp_path / "runs" / "exp"
     w = ev.EventWriter(run_dir / "events.jsonl")
-    rec = launch(run_dir, [sys.executable, "-c", "print('RuntimeError: CUDA error: out of memory', flush=True)\nimport time; time.sleep(60)"])
+    rec = launch(
+        run_dir,
+        [
+            sys.executable,
+            "-c",
+            "print('RuntimeError: CUDA error: out of memory', flush=True)\nimport time; time.sleep(60)",
+        ],
+    )
     runs_started.append(run_dir)
     w.write(ev.Heartbeat(epoch=0, step=3, pid=rec.pid))
     w.close()
@@ -172,12 +191,18 @@ def test_a_run_that_died_without_run_end_shows_crashed_with_its_last_output(tmp_
 async def _crash_then_resume(run_dir, rec, tmp_path):
     app = ConsoleApp(project=tmp_path / "runs", attach=run_dir, gpu_interval=0.5)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.status == LIVE, "the live stand-in", 10)
+        await until(
+            pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.status == LIVE, "the live stand-in", 10
+        )
         screen = app.screen
         os.killpg(rec.pgid, signal.SIGKILL)  # dies without run_end, as after an OOM kill
         await until(pilot, lambda: screen.status == CRASHED, "the crashed state", 10)
         note = screen.query_one("#crash-note")
-        assert note.display and "out of memory" in str(note.render()) and "exited without writing run_end" in str(note.render())
+        assert (
+            note.display
+            and "out of memory" in str(note.render())
+            and "exited without writing run_end" in str(note.render())
+        )
         assert screen.check_action("resume", ()) and not screen.check_action("stop", ())
         await pilot.press("r")  # no last.pt: says so instead of starting a trainer that would fail
         await pilot.pause(0.3)

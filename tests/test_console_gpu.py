@@ -29,7 +29,9 @@ def test_gpu_panel_shows_utilization_and_the_trainer_memory(tmp_path, monkeypatc
         pytest.skip("no CUDA GPU")
     monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
     # the built-in dataset at 320 px keeps the GPU busy for long enough to be sampled
-    run_dir, rec = start_run(tmp_path / "runs", ["epochs=3", "imgsz=320", "batch=64", "device=0", "workers=4", "log_interval=0.2"])
+    run_dir, rec = start_run(
+        tmp_path / "runs", ["epochs=3", "imgsz=320", "batch=64", "device=0", "workers=4", "log_interval=0.2"]
+    )
     try:
         sampler = GpuSampler()
         busy = mine = None
@@ -40,7 +42,9 @@ def test_gpu_panel_shows_utilization_and_the_trainer_memory(tmp_path, monkeypatc
             assert snap.no_driver is None, snap.no_driver
             pids = {p.pid for p in ProcessTree(rec.pid).sample()}
             busy = busy or any((d.util or 0) > 0 for d in snap.devices)
-            mine = mine or next((used for d in snap.devices for pid, used in d.procs.items() if pid in pids and used), None)
+            mine = mine or next(
+                (used for d in snap.devices for pid, used in d.procs.items() if pid in pids and used), None
+            )
             time.sleep(1.0)
         sampler.close()
         assert busy, "NVML never reported a busy GPU while training"
@@ -51,7 +55,12 @@ def test_gpu_panel_shows_utilization_and_the_trainer_memory(tmp_path, monkeypatc
             async with app.run_test(size=(100, 30)) as pilot:
                 for _ in range(100):
                     s = app.screen
-                    if isinstance(s, RunScreen) and s.state.last_step and app.gpu_snapshot and s.query_one("#gpu-panel", GpuPanel).run_pids:
+                    if (
+                        isinstance(s, RunScreen)
+                        and s.state.last_step
+                        and app.gpu_snapshot
+                        and s.query_one("#gpu-panel", GpuPanel).run_pids
+                    ):
                         break
                     await pilot.pause(0.2)
                 await pilot.press("3")

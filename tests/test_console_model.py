@@ -22,42 +22,132 @@ def _d(e: ev.Event) -> dict:
 
 
 def _run_start(steps=10, t=0.0):
-    return _d(ev.RunStart(run_dir="runs/exp", model="LibreYOLO9t", family="yolo9", task="detect", nc=1, names=["a"], data="d.yaml",
-                          epochs=3, start_epoch=0, batch=8, batch_per_rank=8, accumulate=8, world_size=1, imgsz=64, device="cpu",
-                          amp=False, amp_dtype="float32", cuda_graph="auto", cuda_graph_mode="false",
-                          cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
-                          loss_terms=list(get_family("yolo9").loss_terms), workers=0, optimizer="AdamW(lr=0.001, momentum=0.9)",
-                          steps_per_epoch=steps, train_images=32, val_images=8, params=1000, pid=1, resumed=True, config={}, t=t))
+    return _d(
+        ev.RunStart(
+            run_dir="runs/exp",
+            model="LibreYOLO9t",
+            family="yolo9",
+            task="detect",
+            nc=1,
+            names=["a"],
+            data="d.yaml",
+            epochs=3,
+            start_epoch=0,
+            batch=8,
+            batch_per_rank=8,
+            accumulate=8,
+            world_size=1,
+            imgsz=64,
+            device="cpu",
+            amp=False,
+            amp_dtype="float32",
+            cuda_graph="auto",
+            cuda_graph_mode="false",
+            cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
+            loss_terms=list(get_family("yolo9").loss_terms),
+            workers=0,
+            optimizer="AdamW(lr=0.001, momentum=0.9)",
+            steps_per_epoch=steps,
+            train_images=32,
+            val_images=8,
+            params=1000,
+            pid=1,
+            resumed=True,
+            config={},
+            t=t,
+        )
+    )
 
 
 def _val(epoch, time_s=0.18, eval_s=0.4, losses=None):
-    return _d(ev.Val(epoch=epoch, precision=0.5, recall=0.4, map50=0.3, map=0.2, losses=losses or {}, images=8, time_s=time_s,
-                     eval_s=eval_s))
+    return _d(
+        ev.Val(
+            epoch=epoch,
+            precision=0.5,
+            recall=0.4,
+            map50=0.3,
+            map=0.2,
+            losses=losses or {},
+            images=8,
+            time_s=time_s,
+            eval_s=eval_s,
+        )
+    )
 
 
 def _epoch_end(epoch, losses, time_s=5.0):
-    return _d(ev.EpochEnd(epoch=epoch, losses=losses, lr={"pg0": 0.01}, time_s=time_s, img_s=99.0, fitness=0.21, best_fitness=0.21,
-                          skipped_images=0))
+    return _d(
+        ev.EpochEnd(
+            epoch=epoch,
+            losses=losses,
+            lr={"pg0": 0.01},
+            time_s=time_s,
+            img_s=99.0,
+            fitness=0.21,
+            best_fitness=0.21,
+            skipped_images=0,
+        )
+    )
 
 
 def _step(epoch, step, steps=4, box=1.0, t=0.0):
-    return _d(ev.Step(epoch=epoch, step=step, steps=steps, losses={"box": box, "cls": 2.0, "dfl": 3.0}, lr=0.01, img_s=100.0,
-                      data_frac=0.1, step_ms=20.0, gpu_mem_gb=1.5, eta_s=60.0, t=t))
+    return _d(
+        ev.Step(
+            epoch=epoch,
+            step=step,
+            steps=steps,
+            losses={"box": box, "cls": 2.0, "dfl": 3.0},
+            lr=0.01,
+            img_s=100.0,
+            data_frac=0.1,
+            step_ms=20.0,
+            gpu_mem_gb=1.5,
+            eta_s=60.0,
+            t=t,
+        )
+    )
 
 
 def test_run_state_folds_progress_losses_metrics_and_the_gpu_events():
     s = RunState()
     no_losses_yet = {**_step(0, 1, t=100.5), "losses": {}}  # the epoch's first read-back had not landed: no point
-    s.apply([_d(ev.EpochStart(epoch=0, epochs=2, steps=4, mosaic=True, t=100.0)), no_losses_yet, _step(0, 2, t=101.0), _step(0, 4, box=0.5, t=102.0),
-             _val(0, time_s=1.0),
-             _epoch_end(0, {"box": 0.5, "cls": 2.0, "dfl": 3.0}),
-             _d(ev.Graph(action="capture", mode="network", reason="first step", shape=[8, 3, 64, 64], allocated_before_mb=100,
-                         allocated_after_mb=150, delta_allocated_mb=50, t=103.0)),
-             _d(ev.Graph(action="fallback", mode="network", reason="dynamic shape", shape=[4, 3, 64, 64], t=104.0)),
-             _d(ev.Vram(epoch=0, peak_allocated_mb=900, peak_reserved_mb=1200, device="cuda:0")),
-             _d(ev.Profile(verdict="dataloader", why="data 60%", levers=["workers=8"], step_ms=20, img_s=100, utilization=0.4,
-                           phases={"data": 12.0, "forward": 4.0}, artifacts={"timeline": "/x/timeline.html"})),
-             {"type": "step", "v": 2, "t": 1.0}])  # malformed: counted, not fatal
+    s.apply(
+        [
+            _d(ev.EpochStart(epoch=0, epochs=2, steps=4, mosaic=True, t=100.0)),
+            no_losses_yet,
+            _step(0, 2, t=101.0),
+            _step(0, 4, box=0.5, t=102.0),
+            _val(0, time_s=1.0),
+            _epoch_end(0, {"box": 0.5, "cls": 2.0, "dfl": 3.0}),
+            _d(
+                ev.Graph(
+                    action="capture",
+                    mode="network",
+                    reason="first step",
+                    shape=[8, 3, 64, 64],
+                    allocated_before_mb=100,
+                    allocated_after_mb=150,
+                    delta_allocated_mb=50,
+                    t=103.0,
+                )
+            ),
+            _d(ev.Graph(action="fallback", mode="network", reason="dynamic shape", shape=[4, 3, 64, 64], t=104.0)),
+            _d(ev.Vram(epoch=0, peak_allocated_mb=900, peak_reserved_mb=1200, device="cuda:0")),
+            _d(
+                ev.Profile(
+                    verdict="dataloader",
+                    why="data 60%",
+                    levers=["workers=8"],
+                    step_ms=20,
+                    img_s=100,
+                    utilization=0.4,
+                    phases={"data": 12.0, "forward": 4.0},
+                    artifacts={"timeline": "/x/timeline.html"},
+                )
+            ),
+            {"type": "step", "v": 2, "t": 1.0},
+        ]
+    )  # malformed: counted, not fatal
     assert (s.epoch, s.step, s.epochs) == (1, 0, 2) and s.fraction == pytest.approx(0.5)
     assert [(x, lo["box"]) for x, lo in s.losses] == [(0.5, 1.0), (1.0, 0.5)]
     assert s.rows[0].map == 0.2 and s.rows[0].losses["box"] == 0.5 and s.best.epoch == 0 and s.epochs_done == 1
@@ -69,7 +159,15 @@ def test_run_state_folds_progress_losses_metrics_and_the_gpu_events():
 def test_run_state_resume_redraws_from_the_checkpoint_and_long_runs_stay_bounded():
     s = RunState()
     s.apply([_step(0, i, steps=10) for i in range(1, 9)])
-    s.apply([_d(ev.RunEnd(status="interrupted", epochs_done=0, best_fitness=None, best=None, last=None, time_s=1, metrics={}))])
+    s.apply(
+        [
+            _d(
+                ev.RunEnd(
+                    status="interrupted", epochs_done=0, best_fitness=None, best=None, last=None, time_s=1, metrics={}
+                )
+            )
+        ]
+    )
     assert s.end["status"] == "interrupted"
     s.apply([_run_start(steps=10, t=5.0), _step(0, 5, steps=10)])  # the resumed process replays from step 4
     assert s.end is None and s.starts == 1 and s.last_step["step"] == 5
@@ -87,7 +185,9 @@ def test_form_keys_and_choices_are_what_the_cli_accepts():
     base = command.defaults()
     assert all(base[key] in choices for key, choices in command.CHOICES.items())  # the form can show every default
     assert command.CHOICES["cuda_graph"][0] == base["cuda_graph"] == "auto"  # TrainConfig's default, offered first
-    assert command.build_args(base) == [] and command.build_args({**base, "cuda_graph": "false"}) == ["cuda_graph=false"]
+    assert command.build_args(base) == [] and command.build_args({**base, "cuda_graph": "false"}) == [
+        "cuda_graph=false"
+    ]
 
 
 def test_build_args_only_spells_out_changes_and_validates_like_the_cli(tmp_path):
@@ -99,7 +199,15 @@ def test_build_args_only_spells_out_changes_and_validates_like_the_cli(tmp_path)
     vals = {**demo, "data": str(yaml_path), "epochs": "30", "batch": "auto", "cuda_graph": "full", "workers": "auto"}
     args = command.build_args(vals, "lr0=0.02 cos_lr=true")
     # a real dataset defaults to 100 epochs: the form's 30 is now a change; workers=auto is the default
-    assert args == [f"data={yaml_path}", "epochs=30", "batch=-1", "imgsz=128", "cuda_graph=full", "lr0=0.02", "cos_lr=true"]
+    assert args == [
+        f"data={yaml_path}",
+        "epochs=30",
+        "batch=-1",
+        "imgsz=128",
+        "cuda_graph=full",
+        "lr0=0.02",
+        "cos_lr=true",
+    ]
     assert command.command_line(args).startswith(f"libreyolo train 'data={yaml_path}' epochs=30")
     with pytest.raises(LibreYOLOError, match="imgsz"):
         command.build_args({**demo, "imgsz": "100"})
@@ -209,7 +317,10 @@ def test_gpu_sampler_without_a_driver_says_so_and_still_reports_the_host():
 def test_themes_load_and_the_choice_is_remembered(tmp_path, monkeypatch):
     names = [t.name for t in load_themes()]
     assert names == ["libreyolo-dark", "libreyolo-light", "libreyolo-high-contrast"]
-    assert next_theme("libreyolo-high-contrast", names) == "libreyolo-dark" and next_theme("nord", names) == "libreyolo-dark"
+    assert (
+        next_theme("libreyolo-high-contrast", names) == "libreyolo-dark"
+        and next_theme("nord", names) == "libreyolo-dark"
+    )
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.delenv("LIBREYOLO_CONSOLE_CONFIG", raising=False)
     assert settings_path() == tmp_path / "libreyolo" / "console.yaml" and load_settings() == {}

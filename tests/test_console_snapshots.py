@@ -31,8 +31,10 @@ class FixedSampler:
         host = HostSample(cpu_percent=37.0, cpus=16, ram_used_gb=41.5, ram_total_gb=128.0)
         if not self.devices:
             return GpuSnapshot([], host, "no NVIDIA driver (libnvidia-ml.so not found): showing CPU and RAM")
-        devs = [DeviceSample(i, "NVIDIA H200", util, used, 143771.0, 54.0 + i, power, 700.0, procs)
-                for i, util, used, power, procs in ((0, 97.0, 41230.0, 612.0, {4242: 40960.0}), (1, 0.0, 512.0, 74.0, {}))]
+        devs = [
+            DeviceSample(i, "NVIDIA H200", util, used, 143771.0, 54.0 + i, power, 700.0, procs)
+            for i, util, used, power, procs in ((0, 97.0, 41230.0, 612.0, {4242: 40960.0}), (1, 0.0, 512.0, 74.0, {}))
+        ]
         return GpuSnapshot(devs, host, None, "570.86")
 
     def close(self) -> None:
@@ -40,13 +42,39 @@ class FixedSampler:
 
 
 def _start(epochs: int, t: float = T0) -> ev.RunStart:
-    return ev.RunStart(run_dir="runs/train/exp", model="LibreYOLO9s", family="yolo9", task="detect", nc=3,
-                       names=["circle", "square", "triangle"], data="shapes", epochs=epochs, start_epoch=0, batch=64,
-                       batch_per_rank=64, accumulate=1, world_size=1, imgsz=640, device="cuda:0", amp=True, amp_dtype="bfloat16",
-                       cuda_graph="auto", cuda_graph_mode="full",
-                       cuda_graph_reason="cuda_graph=auto: the whole step in one graph (yolo9 supports it, one CUDA process)",
-                       loss_terms=list(TERMS), workers=8, optimizer="AdamW(lr=0.001429, momentum=0.9)", steps_per_epoch=50,
-                       train_images=3200, val_images=640, params=6_550_000, pid=4242, resumed=False, config={}, t=t)
+    return ev.RunStart(
+        run_dir="runs/train/exp",
+        model="LibreYOLO9s",
+        family="yolo9",
+        task="detect",
+        nc=3,
+        names=["circle", "square", "triangle"],
+        data="shapes",
+        epochs=epochs,
+        start_epoch=0,
+        batch=64,
+        batch_per_rank=64,
+        accumulate=1,
+        world_size=1,
+        imgsz=640,
+        device="cuda:0",
+        amp=True,
+        amp_dtype="bfloat16",
+        cuda_graph="auto",
+        cuda_graph_mode="full",
+        cuda_graph_reason="cuda_graph=auto: the whole step in one graph (yolo9 supports it, one CUDA process)",
+        loss_terms=list(TERMS),
+        workers=8,
+        optimizer="AdamW(lr=0.001429, momentum=0.9)",
+        steps_per_epoch=50,
+        train_images=3200,
+        val_images=640,
+        params=6_550_000,
+        pid=4242,
+        resumed=False,
+        config={},
+        t=t,
+    )
 
 
 def _losses(f: float) -> dict[str, float]:
@@ -57,58 +85,206 @@ def _finished_run(run_dir) -> None:
     w = ev.EventWriter(run_dir / "events.jsonl")
     t = T0
     w.write(_start(epochs=4))
-    w.write(ev.Amp(enabled=True, dtype="bfloat16", scaler=False, scale=None, skipped_steps=0, epoch=None, reason="bf16 on H200", t=t))
-    w.write(ev.Graph(action="capture", mode="full", reason="captured the whole micro step (target capacity 16) after 3 steps of shape "
-                     "[64, 3, 640, 640]", shape=[64, 3, 640, 640],
-                     allocated_before_mb=5120.0, allocated_after_mb=5376.0, reserved_before_mb=8192.0, reserved_after_mb=8704.0,
-                     delta_allocated_mb=256.0, delta_reserved_mb=512.0, t=t + 4))
+    w.write(
+        ev.Amp(
+            enabled=True,
+            dtype="bfloat16",
+            scaler=False,
+            scale=None,
+            skipped_steps=0,
+            epoch=None,
+            reason="bf16 on H200",
+            t=t,
+        )
+    )
+    w.write(
+        ev.Graph(
+            action="capture",
+            mode="full",
+            reason="captured the whole micro step (target capacity 16) after 3 steps of shape [64, 3, 640, 640]",
+            shape=[64, 3, 640, 640],
+            allocated_before_mb=5120.0,
+            allocated_after_mb=5376.0,
+            reserved_before_mb=8192.0,
+            reserved_after_mb=8704.0,
+            delta_allocated_mb=256.0,
+            delta_reserved_mb=512.0,
+            t=t + 4,
+        )
+    )
     for epoch in range(4):
         w.write(ev.EpochStart(epoch=epoch, epochs=4, steps=50, mosaic=epoch < 3, t=t))
         for step in range(10, 51, 10):
             t += 2.0
             f = 1 / (1 + epoch + step / 50)
-            w.write(ev.Step(epoch=epoch, step=step, steps=50, losses=_losses(f), lr=0.001,
-                            img_s=1600.0 + 10 * epoch, data_frac=0.04, step_ms=40.0, gpu_mem_gb=8.5, eta_s=(3 - epoch) * 10 + (50 - step) / 5, t=t))
+            w.write(
+                ev.Step(
+                    epoch=epoch,
+                    step=step,
+                    steps=50,
+                    losses=_losses(f),
+                    lr=0.001,
+                    img_s=1600.0 + 10 * epoch,
+                    data_frac=0.04,
+                    step_ms=40.0,
+                    gpu_mem_gb=8.5,
+                    eta_s=(3 - epoch) * 10 + (50 - step) / 5,
+                    t=t,
+                )
+            )
         m = 0.2 * (epoch + 1)
-        w.write(ev.Val(epoch=epoch, precision=min(m + 0.1, 1), recall=m, map50=min(m + 0.05, 1), map=m * 0.8,
-                         losses={}, images=640, time_s=3.0, eval_s=1.2, t=t))
-        w.write(ev.Vram(epoch=epoch, peak_allocated_mb=7000.0 + 10 * epoch, peak_reserved_mb=8704.0 + 64 * epoch, device="cuda:0", t=t))
-        w.write(ev.EpochEnd(epoch=epoch, losses=_losses(f), lr={}, time_s=13.0, img_s=1600.0,
-                            fitness=m, best_fitness=m, skipped_images=0, t=t))
+        w.write(
+            ev.Val(
+                epoch=epoch,
+                precision=min(m + 0.1, 1),
+                recall=m,
+                map50=min(m + 0.05, 1),
+                map=m * 0.8,
+                losses={},
+                images=640,
+                time_s=3.0,
+                eval_s=1.2,
+                t=t,
+            )
+        )
+        w.write(
+            ev.Vram(
+                epoch=epoch,
+                peak_allocated_mb=7000.0 + 10 * epoch,
+                peak_reserved_mb=8704.0 + 64 * epoch,
+                device="cuda:0",
+                t=t,
+            )
+        )
+        w.write(
+            ev.EpochEnd(
+                epoch=epoch,
+                losses=_losses(f),
+                lr={},
+                time_s=13.0,
+                img_s=1600.0,
+                fitness=m,
+                best_fitness=m,
+                skipped_images=0,
+                t=t,
+            )
+        )
         if epoch == 1:
-            w.write(ev.Graph(action="eager_shape", mode="full", reason="shape [40, 3, 640, 640, 16] differs from the captured one(s): "
-                             "it runs eager", shape=[40, 3, 640, 640], t=t))
+            w.write(
+                ev.Graph(
+                    action="eager_shape",
+                    mode="full",
+                    reason="shape [40, 3, 640, 640, 16] differs from the captured one(s): it runs eager",
+                    shape=[40, 3, 640, 640],
+                    t=t,
+                )
+            )
         if epoch == 2:
-            w.write(ev.Graph(action="invalidate", mode="full", reason="a batch has more objects per image than the captured capacity 16: "
-                             "capacity raised to 21, recapturing once stable", shape=[64, 3, 640, 640], t=t - 8))
-            w.write(ev.Graph(action="recapture", mode="full", reason="re-captured: capacity raised to 21; captured the whole micro step "
-                             "(target capacity 21)", shape=[64, 3, 640, 640], allocated_before_mb=5376.0, allocated_after_mb=5440.0,
-                             reserved_before_mb=8704.0, reserved_after_mb=8704.0, delta_allocated_mb=64.0, delta_reserved_mb=0.0, t=t - 6))
-    w.write(ev.Profile(verdict="dataloader", why="the step waits 61% of its time for the next batch; GPU busy 35%",
-                       levers=["workers=16 (8 now, 16 cores)", "cache=ram (3200 images fit in 4.1 GB)", "smaller imgsz for a first pass"],
-                       step_ms=40.0, img_s=1600.0, utilization=0.35,
-                       phases={"data": 24.4, "to_device": 1.2, "forward": 4.1, "loss": 1.9, "backward": 6.3, "optimizer": 1.6, "ema": 0.5},
-                       artifacts={"timeline": "runs/train/exp/profile/timeline.html", "summary": "runs/train/exp/profile/summary.json"}, t=t))
-    w.write(ev.RunEnd(status="finished", epochs_done=4, best_fitness=0.64, best="runs/train/exp/weights/best.pt",
-                      last="runs/train/exp/weights/last.pt", time_s=52.0, metrics={"map": 0.64}, t=t + 1))
+            w.write(
+                ev.Graph(
+                    action="invalidate",
+                    mode="full",
+                    reason="a batch has more objects per image than the captured capacity 16: "
+                    "capacity raised to 21, recapturing once stable",
+                    shape=[64, 3, 640, 640],
+                    t=t - 8,
+                )
+            )
+            w.write(
+                ev.Graph(
+                    action="recapture",
+                    mode="full",
+                    reason="re-captured: capacity raised to 21; captured the whole micro step (target capacity 21)",
+                    shape=[64, 3, 640, 640],
+                    allocated_before_mb=5376.0,
+                    allocated_after_mb=5440.0,
+                    reserved_before_mb=8704.0,
+                    reserved_after_mb=8704.0,
+                    delta_allocated_mb=64.0,
+                    delta_reserved_mb=0.0,
+                    t=t - 6,
+                )
+            )
+    w.write(
+        ev.Profile(
+            verdict="dataloader",
+            why="the step waits 61% of its time for the next batch; GPU busy 35%",
+            levers=[
+                "workers=16 (8 now, 16 cores)",
+                "cache=ram (3200 images fit in 4.1 GB)",
+                "smaller imgsz for a first pass",
+            ],
+            step_ms=40.0,
+            img_s=1600.0,
+            utilization=0.35,
+            phases={
+                "data": 24.4,
+                "to_device": 1.2,
+                "forward": 4.1,
+                "loss": 1.9,
+                "backward": 6.3,
+                "optimizer": 1.6,
+                "ema": 0.5,
+            },
+            artifacts={
+                "timeline": "runs/train/exp/profile/timeline.html",
+                "summary": "runs/train/exp/profile/summary.json",
+            },
+            t=t,
+        )
+    )
+    w.write(
+        ev.RunEnd(
+            status="finished",
+            epochs_done=4,
+            best_fitness=0.64,
+            best="runs/train/exp/weights/best.pt",
+            last="runs/train/exp/weights/last.pt",
+            time_s=52.0,
+            metrics={"map": 0.64},
+            t=t + 1,
+        )
+    )
     w.close()
-    (run_dir / "stdout.log").write_text("$ libreyolo train model=LibreYOLO9s batch=64 imgsz=640 epochs=4\nfinished after 4 epoch(s)\n")
+    (run_dir / "stdout.log").write_text(
+        "$ libreyolo train model=LibreYOLO9s batch=64 imgsz=640 epochs=4\nfinished after 4 epoch(s)\n"
+    )
 
 
 def _crashed_run(run_dir) -> None:
     w = ev.EventWriter(run_dir / "events.jsonl")
     w.write(_start(epochs=30, t=T0 + 100))
     w.write(ev.EpochStart(epoch=0, epochs=30, steps=50, mosaic=True, t=T0 + 1))
-    w.write(ev.Step(epoch=0, step=20, steps=50, losses=dict(zip(TERMS, (1.1, 2.2, 1.4))), lr=0.0005, img_s=1500.0, data_frac=0.05,
-                    step_ms=42.0, gpu_mem_gb=70.1, eta_s=3000.0, t=T0 + 30))
+    w.write(
+        ev.Step(
+            epoch=0,
+            step=20,
+            steps=50,
+            losses=dict(zip(TERMS, (1.1, 2.2, 1.4))),
+            lr=0.0005,
+            img_s=1500.0,
+            data_frac=0.05,
+            step_ms=42.0,
+            gpu_mem_gb=70.1,
+            eta_s=3000.0,
+            t=T0 + 30,
+        )
+    )
     w.close()
     (run_dir / "weights").mkdir()
     (run_dir / "weights" / "last.pt").write_bytes(b"")
-    (run_dir / "stdout.log").write_text("$ libreyolo train batch=512 imgsz=1280 epochs=30\nEpoch 1/30: 50 steps\n"
-                                        "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory. "
-                                        "Tried to allocate 20.00 GiB\n")
+    (run_dir / "stdout.log").write_text(
+        "$ libreyolo train batch=512 imgsz=1280 epochs=30\nEpoch 1/30: 50 steps\n"
+        "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory. "
+        "Tried to allocate 20.00 GiB\n"
+    )
     # pid 1 is alive but started at another time: the run's own process is gone
-    write_record(run_dir, ProcessRecord(pid=1, pgid=1, create_time=12.0, cmdline=["python", "-m", "libreyolo.cli.main", "train"], started=T0))
+    write_record(
+        run_dir,
+        ProcessRecord(
+            pid=1, pgid=1, create_time=12.0, cmdline=["python", "-m", "libreyolo.cli.main", "train"], started=T0
+        ),
+    )
 
 
 @pytest.fixture
@@ -135,12 +311,17 @@ def _run_view(tab: str = "overview"):
         app = pilot.app
         for _ in range(200):
             s = app.screen
-            if isinstance(s, RunScreen) and s.status != "?" and (s.state.end is not None or s.state.last_step is not None) \
-                    and app.gpu_snapshot is not None:
+            if (
+                isinstance(s, RunScreen)
+                and s.status != "?"
+                and (s.state.end is not None or s.state.last_step is not None)
+                and app.gpu_snapshot is not None
+            ):
                 break
             await pilot.pause(0.05)
         await pilot.press(str(("overview", "metrics", "gpu", "profiler", "graphs", "log").index(tab) + 1))
         await pilot.pause(0.6)  # two redraw ticks
+
     return ready
 
 
@@ -154,7 +335,9 @@ async def _list_ready(pilot) -> None:
 
 @pytest.mark.parametrize("size", SIZES)
 def test_run_list(snap_compare, project, size):
-    assert snap_compare(ConsoleApp(project=project, gpu_sampler=FixedSampler()), terminal_size=SIZES[size], run_before=_list_ready)
+    assert snap_compare(
+        ConsoleApp(project=project, gpu_sampler=FixedSampler()), terminal_size=SIZES[size], run_before=_list_ready
+    )
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -163,7 +346,10 @@ def test_new_run_form(snap_compare, project, size):
         await _list_ready(pilot)
         await pilot.press("n")
         await pilot.pause(0.3)
-    assert snap_compare(ConsoleApp(project=project, gpu_sampler=FixedSampler()), terminal_size=SIZES[size], run_before=open_form)
+
+    assert snap_compare(
+        ConsoleApp(project=project, gpu_sampler=FixedSampler()), terminal_size=SIZES[size], run_before=open_form
+    )
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -185,5 +371,7 @@ def test_crashed_run_without_a_driver(snap_compare, project):
 
 def test_high_contrast_theme_with_no_color(snap_compare, project, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
-    app = ConsoleApp(project=project, attach="runs/train/exp", gpu_sampler=FixedSampler(), theme="libreyolo-high-contrast")
+    app = ConsoleApp(
+        project=project, attach="runs/train/exp", gpu_sampler=FixedSampler(), theme="libreyolo-high-contrast"
+    )
     assert snap_compare(app, terminal_size=SIZES["80x24"], run_before=_run_view())

@@ -47,7 +47,9 @@ def _wait_for(pred, timeout=20.0):
 def _ready(run_dir):
     """The stand-in printed its `ready` line (the log's first line is the command, which contains the word)."""
     log = run_dir / "stdout.log"
-    assert _wait_for(lambda: any(line.startswith("ready") for line in log.read_text().splitlines()[1:])), log.read_text()
+    assert _wait_for(lambda: any(line.startswith("ready") for line in log.read_text().splitlines()[1:])), (
+        log.read_text()
+    )
 
 
 # the stand-ins take Ctrl-C as `libreyolo train` does (cli/train.py restores it even when this test session was
@@ -84,11 +86,14 @@ def test_liveness_needs_the_same_start_time_so_a_reused_pid_is_not_mistaken(tmp_
     assert not psutil.pid_exists(rec.pid) or psutil.Process(rec.pid).create_time() != rec.create_time
 
 
-@pytest.mark.parametrize("ignores, ended_by", [
-    ("", "SIGINT"),
-    ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n", "SIGTERM"),
-    ("signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n", "SIGKILL"),
-])
+@pytest.mark.parametrize(
+    "ignores, ended_by",
+    [
+        ("", "SIGINT"),
+        ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n", "SIGTERM"),
+        ("signal.signal(signal.SIGINT, signal.SIG_IGN)\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n", "SIGKILL"),
+    ],
+)
 def test_stop_climbs_the_ladder_and_reports_the_step_that_ended_it(tmp_path, spawned, ignores, ended_by):
     rec = launch(tmp_path, _py(IGNORE.format(ignores=ignores)))
     spawned.append(rec.pgid)
@@ -102,9 +107,11 @@ def test_stop_climbs_the_ladder_and_reports_the_step_that_ended_it(tmp_path, spa
 
 
 def test_stop_signals_the_whole_group_and_not_a_dead_run(tmp_path, spawned):
-    code = (DEFAULT_INT + "import subprocess, sys, time\n"
-            "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(60)'])\n"
-            "print('ready', c.pid, flush=True)\ntime.sleep(60)\n")
+    code = (
+        DEFAULT_INT + "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(60)'])\n"
+        "print('ready', c.pid, flush=True)\ntime.sleep(60)\n"
+    )
     rec = launch(tmp_path, _py(code))
     spawned.append(rec.pgid)
     _ready(tmp_path)
@@ -117,10 +124,12 @@ def test_stop_signals_the_whole_group_and_not_a_dead_run(tmp_path, spawned):
 
 
 def test_process_tree_lists_ranks_by_their_rank_variable(tmp_path, spawned):
-    code = ("import os, subprocess, sys, time\n"
-            "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env={**os.environ, 'RANK': str(r)}) for r in (0, 1)]\n"
-            "kids.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
-            "print('ready', flush=True)\ntime.sleep(60)\n")
+    code = (
+        "import os, subprocess, sys, time\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env={**os.environ, 'RANK': str(r)}) for r in (0, 1)]\n"
+        "kids.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
     rec = launch(tmp_path, _py(code))
     spawned.append(rec.pgid)
     _ready(tmp_path)
@@ -136,7 +145,9 @@ def test_adopt_a_run_started_by_hand_only_while_its_pid_is_that_process(spawned)
     try:
         rec = supervisor.adopt(p.pid, time.time() + 1)
         assert rec is not None and rec.pid == p.pid and record_alive(rec)
-        assert supervisor.adopt(p.pid, psutil.Process(p.pid).create_time() - 60) is None  # the pid is newer than the run
+        assert (
+            supervisor.adopt(p.pid, psutil.Process(p.pid).create_time() - 60) is None
+        )  # the pid is newer than the run
     finally:
         p.kill()
         p.wait()
@@ -151,17 +162,45 @@ def _events(run_dir, *items):
 
 
 def _start(pid=1, t=1000.0, epochs=3):
-    return ev.RunStart(run_dir="x", model="LibreYOLO9t", family="yolo9", task="detect", nc=3, names=["a", "b", "c"],
-                       data="d.yaml", epochs=epochs, start_epoch=0, batch=8, batch_per_rank=8, accumulate=8, world_size=1,
-                       imgsz=64, device="cpu", amp=False, amp_dtype="float32", cuda_graph="auto", cuda_graph_mode="false",
-                       cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
-                       loss_terms=list(get_family("yolo9").loss_terms), workers=0,
-                       optimizer="AdamW", steps_per_epoch=2, train_images=16, val_images=8, params=1, pid=pid,
-                       resumed=False, config={}, t=t)
+    return ev.RunStart(
+        run_dir="x",
+        model="LibreYOLO9t",
+        family="yolo9",
+        task="detect",
+        nc=3,
+        names=["a", "b", "c"],
+        data="d.yaml",
+        epochs=epochs,
+        start_epoch=0,
+        batch=8,
+        batch_per_rank=8,
+        accumulate=8,
+        world_size=1,
+        imgsz=64,
+        device="cpu",
+        amp=False,
+        amp_dtype="float32",
+        cuda_graph="auto",
+        cuda_graph_mode="false",
+        cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
+        loss_terms=list(get_family("yolo9").loss_terms),
+        workers=0,
+        optimizer="AdamW",
+        steps_per_epoch=2,
+        train_images=16,
+        val_images=8,
+        params=1,
+        pid=pid,
+        resumed=False,
+        config={},
+        t=t,
+    )
 
 
 def _end(status, t=2000.0):
-    return ev.RunEnd(status=status, epochs_done=1, best_fitness=0.5, best=None, last=None, time_s=12.0, metrics={"map": 0.42}, t=t)
+    return ev.RunEnd(
+        status=status, epochs_done=1, best_fitness=0.5, best=None, last=None, time_s=12.0, metrics={"map": 0.42}, t=t
+    )
 
 
 def test_classify_uses_run_end_liveness_and_the_record():
@@ -178,12 +217,19 @@ def test_classify_uses_run_end_liveness_and_the_record():
 def test_find_runs_reports_finished_crashed_live_and_reused_pid(tmp_path, spawned):
     project = tmp_path / "runs"
     (project / "exp").mkdir(parents=True)
-    _events(project / "exp", _start(), ev.Val(epoch=0, precision=1, recall=1, map50=0.6, map=0.42, losses={}, images=8, time_s=1, eval_s=0.5),
-            ev.EpochEnd(epoch=0, losses={}, lr={}, time_s=1, img_s=1, fitness=0.5, best_fitness=0.5, skipped_images=0), _end("finished"))
+    _events(
+        project / "exp",
+        _start(),
+        ev.Val(epoch=0, precision=1, recall=1, map50=0.6, map=0.42, losses={}, images=8, time_s=1, eval_s=0.5),
+        ev.EpochEnd(epoch=0, losses={}, lr={}, time_s=1, img_s=1, fitness=0.5, best_fitness=0.5, skipped_images=0),
+        _end("finished"),
+    )
     (project / "exp2").mkdir()
     # pid 1 exists, but its start time is not the recorded one: the run's process is gone, the pid reused
     _events(project / "exp2", _start(pid=1))
-    supervisor.write_record(project / "exp2", ProcessRecord(pid=1, pgid=1, create_time=12.0, cmdline=["x"], started=999.0))
+    supervisor.write_record(
+        project / "exp2", ProcessRecord(pid=1, pgid=1, create_time=12.0, cmdline=["x"], started=999.0)
+    )
     live = launch(project / "nested" / "exp3", _py("import time; print('ready', flush=True); time.sleep(60)"))
     spawned.append(live.pgid)
     # started by hand (no record): run_start's pid is this test process, which began before the event
@@ -193,7 +239,11 @@ def test_find_runs_reports_finished_crashed_live_and_reused_pid(tmp_path, spawne
     _events(project / "exp5", _start(pid=os.getpid(), t=psutil.Process().create_time() - 100))  # pid reused since
     # a long run started by hand: run_start has scrolled out of the file's tail, its heartbeats have not
     (project / "exp6").mkdir()
-    _events(project / "exp6", _start(pid=os.getpid(), t=time.time()), *[ev.Heartbeat(epoch=0, step=i, pid=os.getpid()) for i in range(1500)])
+    _events(
+        project / "exp6",
+        _start(pid=os.getpid(), t=time.time()),
+        *[ev.Heartbeat(epoch=0, step=i, pid=os.getpid()) for i in range(1500)],
+    )
     got = {r.name: r for r in find_runs(project)}
     assert got["exp"].status == "finished" and got["exp"].epoch == 1 and got["exp"].best_map == pytest.approx(0.42)
     assert got["exp2"].status == CRASHED
@@ -231,7 +281,10 @@ def test_a_run_view_under_another_keeps_its_state_but_neither_draws_nor_polls(tm
             monkeypatch.setattr(a, "show_status", lambda: calls.__setitem__("draw", calls["draw"] + 1))
             monkeypatch.setattr(a, "check_process", lambda: calls.__setitem__("poll", calls["poll"] + 1))
             app.open_run(project / "b")
-            await until(pilot, lambda: app.screen is not a and isinstance(app.screen, RunScreen) and app.screen.status == "finished")
+            await until(
+                pilot,
+                lambda: app.screen is not a and isinstance(app.screen, RunScreen) and app.screen.status == "finished",
+            )
             _events(project / "a", ev.WarningEvent(message="late news"))  # a's file grows while b is shown
             await until(pilot, lambda: a.state.warnings)  # its tail still reads
             await pilot.pause(1.5)  # several redraw ticks and a process check would have come by now

@@ -36,23 +36,94 @@ def _v1(d: dict) -> dict:
 
 
 def _start(terms=TERMS, cuda_graph="auto", mode="full", reason=AUTO_FULL, epochs=2, t=100.0):
-    return _d(ev.RunStart(run_dir="runs/exp", model="Toy1n", family="toy", task="detect", nc=1, names=["a"], data="d.yaml",
-                          epochs=epochs, start_epoch=0, batch=8, batch_per_rank=8, accumulate=8, world_size=1, imgsz=64,
-                          device="cuda:0", amp=True, amp_dtype="bfloat16", cuda_graph=cuda_graph, cuda_graph_mode=mode,
-                          cuda_graph_reason=reason, loss_terms=list(terms), workers=0, optimizer="AdamW(lr=0.001, momentum=0.9)",
-                          steps_per_epoch=4, train_images=32, val_images=8, params=1000, pid=1, resumed=False, config={}, t=t))
+    return _d(
+        ev.RunStart(
+            run_dir="runs/exp",
+            model="Toy1n",
+            family="toy",
+            task="detect",
+            nc=1,
+            names=["a"],
+            data="d.yaml",
+            epochs=epochs,
+            start_epoch=0,
+            batch=8,
+            batch_per_rank=8,
+            accumulate=8,
+            world_size=1,
+            imgsz=64,
+            device="cuda:0",
+            amp=True,
+            amp_dtype="bfloat16",
+            cuda_graph=cuda_graph,
+            cuda_graph_mode=mode,
+            cuda_graph_reason=reason,
+            loss_terms=list(terms),
+            workers=0,
+            optimizer="AdamW(lr=0.001, momentum=0.9)",
+            steps_per_epoch=4,
+            train_images=32,
+            val_images=8,
+            params=1000,
+            pid=1,
+            resumed=False,
+            config={},
+            t=t,
+        )
+    )
 
 
 def _epoch(epoch, losses, t, val_s=0.18, eval_s=0.4):
     """One epoch's events: two step events (the first before any read-back landed), val, epoch_end."""
     half = {k: 2 * v for k, v in losses.items()}
-    return [_d(ev.EpochStart(epoch=epoch, epochs=2, steps=4, mosaic=True, t=t)),
-            *[_d(ev.Step(epoch=epoch, step=s, steps=4, losses=lo, lr=0.01, img_s=120.0, data_frac=0.1, step_ms=20.0,
-                         gpu_mem_gb=1.0, eta_s=9.0, t=t + s)) for s, lo in ((1, {}), (2, half), (4, losses))],
-            _d(ev.Val(epoch=epoch, precision=0.5, recall=0.4, map50=0.3, map=0.2, losses=losses, images=8, time_s=val_s,
-                      eval_s=eval_s, t=t + 5)),
-            _d(ev.EpochEnd(epoch=epoch, losses=losses, lr={"pg0": 0.01}, time_s=6.0, img_s=120.0, fitness=0.21,
-                           best_fitness=0.21, skipped_images=0, t=t + 6))]
+    return [
+        _d(ev.EpochStart(epoch=epoch, epochs=2, steps=4, mosaic=True, t=t)),
+        *[
+            _d(
+                ev.Step(
+                    epoch=epoch,
+                    step=s,
+                    steps=4,
+                    losses=lo,
+                    lr=0.01,
+                    img_s=120.0,
+                    data_frac=0.1,
+                    step_ms=20.0,
+                    gpu_mem_gb=1.0,
+                    eta_s=9.0,
+                    t=t + s,
+                )
+            )
+            for s, lo in ((1, {}), (2, half), (4, losses))
+        ],
+        _d(
+            ev.Val(
+                epoch=epoch,
+                precision=0.5,
+                recall=0.4,
+                map50=0.3,
+                map=0.2,
+                losses=losses,
+                images=8,
+                time_s=val_s,
+                eval_s=eval_s,
+                t=t + 5,
+            )
+        ),
+        _d(
+            ev.EpochEnd(
+                epoch=epoch,
+                losses=losses,
+                lr={"pg0": 0.01},
+                time_s=6.0,
+                img_s=120.0,
+                fitness=0.21,
+                best_fitness=0.21,
+                skipped_images=0,
+                t=t + 6,
+            )
+        ),
+    ]
 
 
 def _v2_run() -> list[dict]:
@@ -69,7 +140,18 @@ def test_a_family_s_own_terms_name_the_rows_the_curves_and_the_columns():
     assert [c[0] for c in curves] == list(TERMS)
     assert curves[0][1:] == ([0.5, 1.0, 1.5, 2.0], [1.0, 0.5, 0.5, 0.25])  # (the empty read-backs plot nothing)
     assert epochs.columns(s.terms) == ("epoch", "alpha", "beta", "P", "R", "mAP50", "mAP50-95", "time", "val", "img/s")
-    assert epochs.cells(s.rows[1], s.terms) == ("2", "0.250", "1.000", "0.500", "0.400", "0.300", "0.200", "0:06", "0.18s+0.40s", "120")
+    assert epochs.cells(s.rows[1], s.terms) == (
+        "2",
+        "0.250",
+        "1.000",
+        "0.500",
+        "0.400",
+        "0.300",
+        "0.200",
+        "0:06",
+        "0.18s+0.40s",
+        "120",
+    )
 
 
 def test_a_version_1_file_takes_its_terms_from_the_losses_keys():
@@ -84,23 +166,60 @@ def test_a_version_1_file_takes_its_terms_from_the_losses_keys():
     assert (s.rows[0].val_s, s.rows[0].eval_s) == (0.18, None) and epochs.val_time(s.rows[0]) == "0.18s"
     assert mode_short(s) == "cuda_graph true" and "version 1" in mode_line(s)
     only_epoch_end = RunState()  # no step ever had losses: epoch_end's dict names them
-    only_epoch_end.apply([events[0], _v1(_d(ev.EpochEnd(epoch=0, losses={"gamma": 1.0, "delta": 2.0}, lr={}, time_s=1.0, img_s=1.0,
-                                                        fitness=None, best_fitness=None, skipped_images=0)))])
+    only_epoch_end.apply(
+        [
+            events[0],
+            _v1(
+                _d(
+                    ev.EpochEnd(
+                        epoch=0,
+                        losses={"gamma": 1.0, "delta": 2.0},
+                        lr={},
+                        time_s=1.0,
+                        img_s=1.0,
+                        fitness=None,
+                        best_fitness=None,
+                        skipped_images=0,
+                    )
+                )
+            ),
+        ]
+    )
     assert only_epoch_end.terms == ("gamma", "delta")
     resumed = RunState()  # an old run resumed by a newer trainer: its run_start's terms are the run's
     resumed.apply([events[0], events[3], _start(terms=("beta", "alpha", "gamma"), t=200.0)])
     assert resumed.terms == ("beta", "alpha", "gamma")
 
 
-@pytest.mark.parametrize("start, short, line", [
-    (dict(), "cuda_graph full (auto)", "cuda_graph full (auto): the whole step in one graph (toy supports it, one CUDA process)"),
-    (dict(cuda_graph="true", mode="true", reason="cuda_graph=true: the network in a graph"), "cuda_graph true",
-     "cuda_graph true: the network in a graph"),
-    (dict(mode="false", reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu"), "",
-     "cuda_graph false (auto): CUDA graphs need a CUDA device; training eager on cpu"),
-    (dict(cuda_graph="full", mode="false", reason="cuda_graph=full: the toy family does not support whole-step capture; training eager"),
-     "cuda_graph false (full)", "cuda_graph false (full): the toy family does not support whole-step capture; training eager"),
-])
+@pytest.mark.parametrize(
+    "start, short, line",
+    [
+        (
+            dict(),
+            "cuda_graph full (auto)",
+            "cuda_graph full (auto): the whole step in one graph (toy supports it, one CUDA process)",
+        ),
+        (
+            dict(cuda_graph="true", mode="true", reason="cuda_graph=true: the network in a graph"),
+            "cuda_graph true",
+            "cuda_graph true: the network in a graph",
+        ),
+        (
+            dict(mode="false", reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu"),
+            "",
+            "cuda_graph false (auto): CUDA graphs need a CUDA device; training eager on cpu",
+        ),
+        (
+            dict(
+                cuda_graph="full",
+                mode="false",
+                reason="cuda_graph=full: the toy family does not support whole-step capture; training eager",
+            ),
+            "cuda_graph false (full)",
+            "cuda_graph false (full): the toy family does not support whole-step capture; training eager",
+        ),
+    ],
+)
 def test_the_mode_line_says_which_cuda_graph_mode_the_run_uses_and_why(start, short, line):
     s = RunState()
     s.apply([_start(**start)])
@@ -109,10 +228,25 @@ def test_the_mode_line_says_which_cuda_graph_mode_the_run_uses_and_why(start, sh
 
 def test_a_fallback_after_run_start_turns_the_mode_eager():
     s = RunState()
-    s.apply([_start(), _d(ev.Graph(action="capture", mode="full", reason="captured", shape=[8, 3, 64, 64], t=103.0)),
-             _d(ev.Graph(action="fallback", mode="full", reason="replay failed (RuntimeError: x); training eager from here on", t=104.5))])
+    s.apply(
+        [
+            _start(),
+            _d(ev.Graph(action="capture", mode="full", reason="captured", shape=[8, 3, 64, 64], t=103.0)),
+            _d(
+                ev.Graph(
+                    action="fallback",
+                    mode="full",
+                    reason="replay failed (RuntimeError: x); training eager from here on",
+                    t=104.5,
+                )
+            ),
+        ]
+    )
     assert mode_short(s) == "cuda_graph false (fallback)"
-    assert mode_line(s).splitlines()[1] == "then eager from +4.5s: replay failed (RuntimeError: x); training eager from here on"
+    assert (
+        mode_line(s).splitlines()[1]
+        == "then eager from +4.5s: replay failed (RuntimeError: x); training eager from here on"
+    )
 
 
 def test_the_run_view_shows_the_family_s_columns_the_mode_line_and_the_validation_time(tmp_path, monkeypatch):
@@ -122,17 +256,33 @@ def test_the_run_view_shows_the_family_s_columns_the_mode_line_and_the_validatio
     w = ev.EventWriter(run_dir / "events.jsonl")
     for e in _v2_run():
         w.write(ev.EVENT_TYPES[e["type"]](**{k: v for k, v in e.items() if k not in ("type", "v")}))
-    w.write(ev.Graph(action="capture", mode="full", reason="captured the whole micro step", shape=[8, 3, 64, 64], t=102.0))
-    w.write(ev.Graph(action="recapture", mode="full", reason="re-captured: L1 loss on at epoch 2; captured the whole micro step",
-                     shape=[8, 3, 64, 64], t=112.0))
-    w.write(ev.RunEnd(status="finished", epochs_done=2, best_fitness=0.21, best=None, last=None, time_s=20.0, metrics={}, t=117.0))
+    w.write(
+        ev.Graph(action="capture", mode="full", reason="captured the whole micro step", shape=[8, 3, 64, 64], t=102.0)
+    )
+    w.write(
+        ev.Graph(
+            action="recapture",
+            mode="full",
+            reason="re-captured: L1 loss on at epoch 2; captured the whole micro step",
+            shape=[8, 3, 64, 64],
+            t=112.0,
+        )
+    )
+    w.write(
+        ev.RunEnd(
+            status="finished", epochs_done=2, best_fitness=0.21, best=None, last=None, time_s=20.0, metrics={}, t=117.0
+        )
+    )
     w.close()
 
     async def go():
         app = ConsoleApp(project=tmp_path / "runs", attach=run_dir, gpu_interval=0.5)
         async with app.run_test(size=(80, 24)) as pilot:
             deadline = time.monotonic() + 30
-            while not (isinstance(app.screen, RunScreen) and app.screen.status == "finished") and time.monotonic() < deadline:
+            while (
+                not (isinstance(app.screen, RunScreen) and app.screen.status == "finished")
+                and time.monotonic() < deadline
+            ):
                 await pilot.pause(0.05)
             screen = app.screen
             await pilot.press("2")

@@ -69,17 +69,31 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
         tmux.keys("first", "Tab")
         tmux.keys("first", "Tab")
         tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
-        for key, value in (("data", str(tiny_data)), ("epochs", "5"), ("batch", "8"), ("imgsz", "64"), ("device", "cpu")):
+        for key, value in (
+            ("data", str(tiny_data)),
+            ("epochs", "5"),
+            ("batch", "8"),
+            ("imgsz", "64"),
+            ("device", "cpu"),
+        ):
             tmux.keys("first", "Tab")
             tmux.wait("first", lambda s, k=key: f" {k}: " in s, f"focus on {key}")
             tmux.keys("first", "C-u")
             # Textual runs a key binding's action after already-queued characters: wait for the clear
             tmux.wait("first", lambda s, k=key: not _form_field(s, k), f"{key} cleared")
             tmux.keys("first", value, literal=True)
-            tmux.wait("first", lambda s, k=key, v=value: v.endswith(_form_field(s, k)) and _form_field(s, k), f"{key}={value} in the form")
+            tmux.wait(
+                "first",
+                lambda s, k=key, v=value: v.endswith(_form_field(s, k)) and _form_field(s, k),
+                f"{key}={value} in the form",
+            )
         tmux.keys("first", "C-s")
-        screen = tmux.wait("first", lambda s: "live pid" in s and re.search(r"step [1-9]\d*/", s) is not None,
-                           "the run view with a first step", 120)
+        screen = tmux.wait(
+            "first",
+            lambda s: "live pid" in s and re.search(r"step [1-9]\d*/", s) is not None,
+            "the run view with a first step",
+            120,
+        )
         assert re.search(r"epoch [12]/5", screen), screen
         run_dir = next(p for p in project.iterdir() if p.is_dir())
         rec = read_record(run_dir)
@@ -95,8 +109,16 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
         tmux.start("second", [*console, "attach", str(run_dir)])
         first = tmux.wait("second", lambda s: "live pid" in s and "step" in s, "the re-attached live run")
         before = re.search(r"epoch \d+/5  step \d+/\d+", first).group(0)
-        after = tmux.wait("second", lambda s: (m := re.search(r"epoch \d+/5  step \d+/\d+", s)) is not None and m.group(0) != before
-                          or "finished" in s, "the run to progress in the new console", 180)
+        after = tmux.wait(
+            "second",
+            lambda s: (
+                (m := re.search(r"epoch \d+/5  step \d+/\d+", s)) is not None
+                and m.group(0) != before
+                or "finished" in s
+            ),
+            "the run to progress in the new console",
+            180,
+        )
         assert "libreyolo-console" in after and "training loss" in after
         # (the run is not waited for: the cleanup below ends it)
     finally:

@@ -13,7 +13,9 @@ from libreyolo.errors import DataError
 
 def _dataset(yaml_path, imgsz=64, augment=True):
     dc = load_data_config(yaml_path)
-    return YOLODataset(scan_labels(list_images(dc.train), dc.nc, use_cache=False), imgsz, augment, AugmentConfig(), seed=0)
+    return YOLODataset(
+        scan_labels(list_images(dc.train), dc.nc, use_cache=False), imgsz, augment, AugmentConfig(), seed=0
+    )
 
 
 def test_yaml_errors_name_the_file_and_key(tmp_path):
@@ -71,7 +73,10 @@ def test_samples_are_uint8_with_boxes_inside_and_pure_functions_of_seed_epoch_in
 
 def test_collate_pads_targets_to_power_of_two():
     assert [capacity(n) for n in (0, 1, 4, 5, 9, 17)] == [4, 4, 4, 8, 16, 32]
-    s = [{"img": np.zeros((8, 8, 3), np.uint8), "boxes": np.ones((n, 5), np.float32), "index": i, "bad": []} for i, n in enumerate((1, 5))]
+    s = [
+        {"img": np.zeros((8, 8, 3), np.uint8), "boxes": np.ones((n, 5), np.float32), "index": i, "bad": []}
+        for i, n in enumerate((1, 5))
+    ]
     b = collate(s)
     assert b["img"].shape == (2, 8, 8, 3) and b["img"].dtype == torch.uint8
     assert b["targets"].shape == (2, 8, 5) and b["mask"].sum(1).tolist() == [1, 5]

@@ -27,8 +27,14 @@ class DistProbe:
             import torch.distributed as dist
 
             with open(self.path, "w") as f:
-                json.dump({"initialized": dist.is_initialized(), "backend": dist.get_backend() if dist.is_initialized() else None,
-                           "world": dist.get_world_size() if dist.is_initialized() else None}, f)
+                json.dump(
+                    {
+                        "initialized": dist.is_initialized(),
+                        "backend": dist.get_backend() if dist.is_initialized() else None,
+                        "world": dist.get_world_size() if dist.is_initialized() else None,
+                    },
+                    f,
+                )
 
 
 def _events(run):
@@ -44,7 +50,8 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
     (no DDP wrapper) and CUDA graphs are captured as usual. On a machine with 2+ GPUs, device="0,1" is passed:
     under torchrun it must start no processes and use cuda:LOCAL_RANK."""
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from libreyolo import LibreYOLO
@@ -55,7 +62,8 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
             m.train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, epochs=2, imgsz=64, batch=8, workers=2, cuda_graph=True,
                     device="0,1" if __import__("torch").cuda.device_count() > 1 else "0", callbacks=[DistProbe({str(tmp_path / "probe.json")!r})])
             print("RESULT", m.last_run, m.trained, flush=True)
-    """))
+    """)
+    )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(script)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -67,7 +75,9 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
     assert (rs["world_size"], rs["batch_per_rank"], rs["device"]) == (1, 8, "cuda:0")
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "finished"
     assert (run / "weights" / "best.pt").is_file() and "RESULT" in r.stdout
-    assert any(e["type"] == "graph" and e["action"] == "capture" for e in events), [e for e in events if e["type"] == "graph"]
+    assert any(e["type"] == "graph" and e["action"] == "capture" for e in events), [
+        e for e in events if e["type"] == "graph"
+    ]
 
 
 def test_autobatch_probe_fits_and_restores_batchnorm():
@@ -106,8 +116,17 @@ def test_spawn_launch_on_two_gpus(tiny_data, tmp_path):
     from libreyolo import LibreYOLO
 
     m = LibreYOLO("LibreYOLO9t")
-    m.train(data=str(tiny_data), project=str(tmp_path), epochs=2, imgsz=64, batch=8, workers=2, device="0,1", cuda_graph=True,
-            callbacks=[DistProbe(tmp_path / "probe.json")])
+    m.train(
+        data=str(tiny_data),
+        project=str(tmp_path),
+        epochs=2,
+        imgsz=64,
+        batch=8,
+        workers=2,
+        device="0,1",
+        cuda_graph=True,
+        callbacks=[DistProbe(tmp_path / "probe.json")],
+    )
     assert json.loads((tmp_path / "probe.json").read_text()) == {"initialized": True, "backend": "nccl", "world": 2}
     events = _events(m.last_run)
     rs = next(e for e in events if e["type"] == "run_start")

@@ -81,21 +81,41 @@ def _wait_event(events: Path, pred, proc: subprocess.Popen, timeout: float = 180
                 if pred(e):
                     return e
         if proc.poll() is not None:
-            pytest.fail(f"the run ended (rc {proc.returncode}) before the awaited event: {proc.stderr.read() if proc.stderr else ''}")
+            pytest.fail(
+                f"the run ended (rc {proc.returncode}) before the awaited event: {proc.stderr.read() if proc.stderr else ''}"
+            )
         time.sleep(0.05)
     pytest.fail("timed out waiting for an event")
 
 
 def _cli(data, project, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "libreyolo.cli.main", "train", f"data={data}", "imgsz=64", "batch=4", "workers=0", "device=cpu",
-            f"project={project}", "log_interval=0.05", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "libreyolo.cli.main",
+        "train",
+        f"data={data}",
+        "imgsz=64",
+        "batch=4",
+        "workers=0",
+        "device=cpu",
+        f"project={project}",
+        "log_interval=0.05",
+        *extra,
+    ]
 
 
 @contextlib.contextmanager
 def _cli_run(data, project, tag: str, *extra: str):
     """`libreyolo train` with 2 CPU ranks in its own session; whatever happens, nothing of it survives the test."""
-    p = subprocess.Popen(_cli(data, project, *extra), env=_env(tag), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+    p = subprocess.Popen(
+        _cli(data, project, *extra),
+        env=_env(tag),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         yield p
     finally:
@@ -119,7 +139,13 @@ def test_spawn_launch_end_to_end(tiny_data, tmp_path, monkeypatch):
     run = tmp_path / "runs" / "exp"
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["exp"] and m.last_run == run
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == [
-        "args.yaml", "events.jsonl", "results.csv", "weights", "weights/best.pt", "weights/last.pt"]
+        "args.yaml",
+        "events.jsonl",
+        "results.csv",
+        "weights",
+        "weights/best.pt",
+        "weights/last.pt",
+    ]
     events = list(read_events(run / "events.jsonl"))
     for e in events:
         validate_event(e)
@@ -143,7 +169,8 @@ def test_spawn_launch_end_to_end(tiny_data, tmp_path, monkeypatch):
 def test_torchrun_launch_starts_no_processes_of_its_own(tiny_data, tmp_path):
     tag = uuid.uuid4().hex
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os
         from libreyolo import LibreYOLO
 
@@ -153,7 +180,8 @@ def test_torchrun_launch_starts_no_processes_of_its_own(tiny_data, tmp_path):
             # a file per rank: both ranks share torchrun's stdout, where their prints can interleave
             with open(os.path.join({str(tmp_path)!r}, "result_" + os.environ["RANK"]), "w") as f:
                 f.write(f"{{os.getpid()}} {{m.last_run}} {{m.trained}}")
-    """))
+    """)
+    )
     # LIBREYOLO_CPU_WORLD_SIZE=2 is set too: under torchrun it must not start 2 more processes per rank
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     r = subprocess.run(cmd, env=_env(tag), capture_output=True, text=True, timeout=300)
@@ -165,18 +193,25 @@ def test_torchrun_launch_starts_no_processes_of_its_own(tiny_data, tmp_path):
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["exp"]
     events = list(read_events(run / "events.jsonl"))
     rs = [e for e in events if e["type"] == "run_start"]
-    assert len(rs) == 1 and rs[0]["world_size"] == 2 and rs[0]["batch_per_rank"] == 2 and str(rs[0]["pid"]) == results[0][0]
+    assert (
+        len(rs) == 1
+        and rs[0]["world_size"] == 2
+        and rs[0]["batch_per_rank"] == 2
+        and str(rs[0]["pid"]) == results[0][0]
+    )
     _assert_none_left(tag)
 
 
 def test_unguarded_script_gets_the_guard_error(tiny_data, tmp_path):
     tag = uuid.uuid4().hex
     script = tmp_path / "unguarded.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from libreyolo import LibreYOLO
 
         LibreYOLO("LibreYOLO9t").train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, **{TINY!r})
-    """))
+    """)
+    )
     r = subprocess.run([sys.executable, str(script)], env=_env(tag), capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert GUARD_MESSAGE in r.stderr, r.stderr[-3000:]  # printed by the workers that re-ran the script
@@ -220,8 +255,13 @@ def test_ctrl_c_stops_all_workers_and_leaves_a_resumable_last_pt(tiny_data, tmp_
     assert "train" in ck and ck["epoch"] >= 1
     assert [e["status"] for e in read_events(events) if e["type"] == "run_end"] == ["interrupted"]
     # resume: the checkpoint says device=cpu, the environment asks for 2 CPU processes again
-    r = subprocess.run([sys.executable, "-m", "libreyolo.cli.main", "train", f"resume={last}"], env=_env(tag),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "libreyolo.cli.main", "train", f"resume={last}"],
+        env=_env(tag),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert load_checkpoint(last)["epoch"] == 3
     evs = list(read_events(events))

@@ -42,11 +42,15 @@ def _micro_batches(data_yaml: str, device: torch.device) -> list[tuple[torch.Ten
     out = []
     for k in range(2):
         batch = collate([ds[i] for i in range(k * 2 * B, (k + 1) * 2 * B)])
-        out.append((batch["img"].to(device), batch["targets"].to(device), batch["mask"].to(device)))  # uint8, as the loop passes it
+        out.append(
+            (batch["img"].to(device), batch["targets"].to(device), batch["mask"].to(device))
+        )  # uint8, as the loop passes it
     return out
 
 
-def _model(nc: int, device: torch.device, ctx: context.DistContext | None = None) -> tuple[nn.Module, nn.Module, TrainConfig]:
+def _model(
+    nc: int, device: torch.device, ctx: context.DistContext | None = None
+) -> tuple[nn.Module, nn.Module, TrainConfig]:
     """The tiny YOLOv9 at a fixed init. On CPU BatchNorm is frozen (module docstring); on CUDA the DDP copies
     (ctx given) get SyncBatchNorm through the trainer's own conversion."""
     torch.manual_seed(0)
@@ -64,7 +68,9 @@ def _model(nc: int, device: torch.device, ctx: context.DistContext | None = None
     return net, train_net, cfg
 
 
-def _step(train_net: nn.Module, step_net: nn.Module, loss_fn, batch_scale: float, micro, rank: int | None) -> dict[str, torch.Tensor]:
+def _step(
+    train_net: nn.Module, step_net: nn.Module, loss_fn, batch_scale: float, micro, rank: int | None
+) -> dict[str, torch.Tensor]:
     """One optimizer step over two micro-batches (accumulation); rank None trains on the whole global batch."""
     before = {k: v.detach().clone() for k, v in train_net.named_parameters()}
     opt = torch.optim.SGD([p for p in train_net.parameters() if p.requires_grad], lr=0.05, momentum=0.0)
@@ -76,7 +82,9 @@ def _step(train_net: nn.Module, step_net: nn.Module, loss_fn, batch_scale: float
 
 
 def _rank_main(rank: int, port: int, data_yaml: str, spec: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # compare float32 with float32
     device, ctx = context.start(spec)  # the trainer's own process-group setup
@@ -90,7 +98,14 @@ def _rank_main(rank: int, port: int, data_yaml: str, spec: str) -> None:
 
     # what the trainer builds under DDP: wrapped module, normaliser averaged over ranks, global batch scale
     net, train_net, cfg = _model(3, device, ctx)
-    ddp = _step(train_net, ctx.wrap(train_net, device), family.loss(net, cfg, ctx.normalizer_reducer()), float(2 * B), micro, rank)
+    ddp = _step(
+        train_net,
+        ctx.wrap(train_net, device),
+        family.loss(net, cfg, ctx.normalizer_reducer()),
+        float(2 * B),
+        micro,
+        rank,
+    )
 
     # the naive setup: each rank normalises by its own targets and scales by its own batch
     net_n, train_net_n, _ = _model(3, device, ctx)
@@ -99,7 +114,9 @@ def _rank_main(rank: int, port: int, data_yaml: str, spec: str) -> None:
     scale = max(v.abs().max().item() for v in ref.values())
     assert scale > 1e-4, "the step did not move the weights; the comparison would be empty"
     worst = max((ddp[k] - ref[k]).abs().max().item() for k in ref)
-    assert worst <= 1e-4 * scale, f"rank {rank}: DDP update differs from the single-process update by {worst:.3g} (update scale {scale:.3g})"
+    assert worst <= 1e-4 * scale, (
+        f"rank {rank}: DDP update differs from the single-process update by {worst:.3g} (update scale {scale:.3g})"
+    )
     naive_gap = max((naive[k] - ref[k]).abs().max().item() for k in ref)
     assert naive_gap > 1e-2 * scale, f"the naive setup matched too ({naive_gap:.3g}): the test cannot tell them apart"
 

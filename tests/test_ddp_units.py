@@ -87,7 +87,9 @@ def test_lambda_callback_is_refused_before_any_process_starts(cpu_world_2, tiny_
 
 def test_indivisible_global_batch_is_refused_by_the_launcher(cpu_world_2, tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv(CPU_WORLD_ENV, "4")
-    with pytest.raises(ConfigError, match=re.escape("batch=6 is the global batch and must be divisible by world_size=4")):
+    with pytest.raises(
+        ConfigError, match=re.escape("batch=6 is the global batch and must be divisible by world_size=4")
+    ):
         LibreYOLO("LibreYOLO9t").train(data=str(tiny_data), batch=6, device="cpu", project=str(tmp_path))
 
 

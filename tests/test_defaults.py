@@ -8,14 +8,17 @@ from libreyolo.engine.components import NOMINAL_BATCH, optimizer_steps, resolve_
 from libreyolo.errors import ConfigError
 
 
-@pytest.mark.parametrize("nbs,batch,n,epochs,expected", [
-    ("auto", 16, 800, 15, 16),  # a short run steps every batch
-    ("auto", 64, 800, 15, 64),
-    ("auto", 16, 118_000, 300, NOMINAL_BATCH),  # COCO-sized: accumulate to 64 as Ultralytics does
-    ("auto", 128, 118_000, 300, NOMINAL_BATCH),  # (a step per batch all the same: accumulate rounds to 1)
-    (64, 16, 800, 15, 64),  # explicit values keep their meaning
-    (32, 16, 118_000, 300, 32),
-])
+@pytest.mark.parametrize(
+    "nbs,batch,n,epochs,expected",
+    [
+        ("auto", 16, 800, 15, 16),  # a short run steps every batch
+        ("auto", 64, 800, 15, 64),
+        ("auto", 16, 118_000, 300, NOMINAL_BATCH),  # COCO-sized: accumulate to 64 as Ultralytics does
+        ("auto", 128, 118_000, 300, NOMINAL_BATCH),  # (a step per batch all the same: accumulate rounds to 1)
+        (64, 16, 800, 15, 64),  # explicit values keep their meaning
+        (32, 16, 118_000, 300, 32),
+    ],
+)
 def test_nbs_auto_accumulates_only_in_long_runs(nbs, batch, n, epochs, expected):
     assert resolve_nbs(nbs, batch, n, epochs) == expected
 
@@ -31,6 +34,9 @@ def test_the_long_run_line_is_the_one_optimizer_auto_uses():
 
 
 def test_nbs_takes_a_positive_integer_or_auto():
-    assert TrainConfig.from_overrides({"nbs": "auto"}).nbs == "auto" and TrainConfig.from_overrides({"nbs": "32"}).nbs == 32
+    assert (
+        TrainConfig.from_overrides({"nbs": "auto"}).nbs == "auto"
+        and TrainConfig.from_overrides({"nbs": "32"}).nbs == 32
+    )
     with pytest.raises(ConfigError, match="nbs='-3' is not valid: nbs takes a positive integer or auto"):
         TrainConfig.from_overrides({"nbs": "-3"})

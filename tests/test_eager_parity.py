@@ -61,7 +61,9 @@ def test_gathered_gradients_are_the_stand_ins_gradients_summed_in_float32(half, 
     """Half stand-ins (channels-last views with alignment gaps included) and fp32 aliases, over three micro-batches:
     each master's .grad is exactly the float32 sum of its stand-in's gradients, and the gaps stay zero."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 5, 3, bias=False), nn.BatchNorm2d(5), nn.SiLU(), nn.Conv2d(5, 7, 1), nn.Conv2d(7, 3, 3, padding=1))
+    net = nn.Sequential(
+        nn.Conv2d(3, 5, 3, bias=False), nn.BatchNorm2d(5), nn.SiLU(), nn.Conv2d(5, 7, 1), nn.Conv2d(7, 3, 3, padding=1)
+    )
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
     flat = FlatParams(net, half, channels_last)
@@ -77,7 +79,9 @@ def test_gathered_gradients_are_the_stand_ins_gradients_summed_in_float32(half, 
     for n, p in zip(flat.names, flat.params):
         assert torch.equal(p.grad, want[n]), n
     assert sum(p.numel() for p in flat.params) < flat.flat_grad.numel()  # there are gaps, and they hold zeros
-    assert float(flat.flat_grad.abs().sum()) == pytest.approx(sum(float(w.abs().sum()) for w in want.values()), rel=1e-6)
+    assert float(flat.flat_grad.abs().sum()) == pytest.approx(
+        sum(float(w.abs().sum()) for w in want.values()), rel=1e-6
+    )
 
 
 def _batch(seed, b=2, size=64, m=3):
@@ -123,7 +127,10 @@ def test_eager_step_trains_as_the_plain_pytorch_loop(name):
     ref = copy.deepcopy(parts.train_net)
     for p in ref.parameters():
         p.data, p.grad = p.data.clone(), None  # own storage, not the copied flat buffer
-    groups = [{"params": g["params"], "weight_decay": mine["weight_decay"]} for g, mine in zip(optim.param_groups(ref), parts.optimizer.param_groups)]
+    groups = [
+        {"params": g["params"], "weight_decay": mine["weight_decay"]}
+        for g, mine in zip(optim.param_groups(ref), parts.optimizer.param_groups)
+    ]
     g0 = parts.optimizer.param_groups[0]
     if name == "SGD":
         ref_opt = torch.optim.SGD(groups, lr=g0["lr"], momentum=g0["momentum"], nesterov=True, foreach=False)
@@ -133,8 +140,18 @@ def test_eager_step_trains_as_the_plain_pytorch_loop(name):
     parts.ema.tau = 3.0
     scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2) for _ in range(2)]
     loss_fn = _Poisoned(parts.loss_fn, bad=[2])  # the second micro-step of the first window
-    step = type(parts.eager_step(10.0))(parts.train_net, loss_fn, parts.optimizer, scalers[0], parts.ema, None, 10.0,
-                                        parts.batch_scale, False, parts.flat)
+    step = type(parts.eager_step(10.0))(
+        parts.train_net,
+        loss_fn,
+        parts.optimizer,
+        scalers[0],
+        parts.ema,
+        None,
+        10.0,
+        parts.batch_scale,
+        False,
+        parts.flat,
+    )
     ref_loss = _Poisoned(parts.loss_fn, bad=[2])
     acc = parts.accumulate
     assert acc == 2
@@ -180,7 +197,9 @@ def test_half_stand_ins_compute_what_autocast_computes_on_the_parameters():
     """Convolution kernels and biases as half stand-ins (no per-step casts) against autocast casting fp32 parameters:
     the same outputs and, after gathering, the same fp32 gradients, bit for bit; autocast casts nothing in the forward."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 6, 3, bias=False), nn.BatchNorm2d(6), nn.SiLU(), nn.Conv2d(6, 5, 1), nn.Conv2d(5, 4, 3, padding=1))
+    net = nn.Sequential(
+        nn.Conv2d(3, 6, 3, bias=False), nn.BatchNorm2d(6), nn.SiLU(), nn.Conv2d(6, 5, 1), nn.Conv2d(5, 4, 3, padding=1)
+    )
     ref = copy.deepcopy(net)
     flat = FlatParams(net, torch.bfloat16)
     assert flat.n_half_params == 5  # three kernels and two biases; BatchNorm's weight and bias stay float32

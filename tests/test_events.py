@@ -41,7 +41,13 @@ def test_every_event_and_field_is_documented_with_its_type():
 def test_validate_rejects_wrong_shapes():
     good = ev.Heartbeat(epoch=1, step=2, pid=3).to_dict()
     ev.validate_event(json.loads(json.dumps(good)))
-    for bad in ({**good, "epoch": "1"}, {k: v for k, v in good.items() if k != "pid"}, {**good, "extra": 1}, {**good, "v": 99}, {**good, "type": "nope"}):
+    for bad in (
+        {**good, "epoch": "1"},
+        {k: v for k, v in good.items() if k != "pid"},
+        {**good, "extra": 1},
+        {**good, "v": 99},
+        {**good, "type": "nope"},
+    ):
         with pytest.raises(ValueError):
             ev.validate_event(bad)
 

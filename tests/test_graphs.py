@@ -47,23 +47,26 @@ NET_ONLY = CapturePlan(("",), full_step=False)
 PARTS = CapturePlan(("backbone", "encoder"), full_step=False)
 
 
-@pytest.mark.parametrize("setting,device,world,plan,mode,needle", [
-    # auto: the fastest path the family and the run allow
-    ("auto", CUDA, 1, WHOLE_NET, "full", "whole step in one graph"),
-    ("auto", CUDA, 1, NET_ONLY, True, "network in a graph"),
-    ("auto", CUDA, 1, PARTS, True, "network in a graph"),
-    ("auto", CUDA, 1, NO_CAPTURE, False, "has no capture plan"),
-    ("auto", CPU, 1, WHOLE_NET, False, "need a CUDA device; training eager on cpu"),
-    ("auto", torch.device("mps"), 1, WHOLE_NET, False, "training eager on mps"),
-    ("auto", CUDA, 2, WHOLE_NET, False, "not used under DDP (2 processes)"),
-    # explicit values keep their meaning
-    (False, CUDA, 1, WHOLE_NET, False, "cuda_graph=false"),
-    (True, CUDA, 1, WHOLE_NET, True, "cuda_graph=true: the network in a graph"),
-    ("full", CUDA, 1, WHOLE_NET, "full", "cuda_graph=full: the whole step"),
-    ("full", CUDA, 1, NET_ONLY, False, "does not support whole-step capture"),
-    (True, CPU, 1, WHOLE_NET, False, "need a CUDA device"),
-    (True, CUDA, 2, WHOLE_NET, False, "not used under DDP"),
-])
+@pytest.mark.parametrize(
+    "setting,device,world,plan,mode,needle",
+    [
+        # auto: the fastest path the family and the run allow
+        ("auto", CUDA, 1, WHOLE_NET, "full", "whole step in one graph"),
+        ("auto", CUDA, 1, NET_ONLY, True, "network in a graph"),
+        ("auto", CUDA, 1, PARTS, True, "network in a graph"),
+        ("auto", CUDA, 1, NO_CAPTURE, False, "has no capture plan"),
+        ("auto", CPU, 1, WHOLE_NET, False, "need a CUDA device; training eager on cpu"),
+        ("auto", torch.device("mps"), 1, WHOLE_NET, False, "training eager on mps"),
+        ("auto", CUDA, 2, WHOLE_NET, False, "not used under DDP (2 processes)"),
+        # explicit values keep their meaning
+        (False, CUDA, 1, WHOLE_NET, False, "cuda_graph=false"),
+        (True, CUDA, 1, WHOLE_NET, True, "cuda_graph=true: the network in a graph"),
+        ("full", CUDA, 1, WHOLE_NET, "full", "cuda_graph=full: the whole step"),
+        ("full", CUDA, 1, NET_ONLY, False, "does not support whole-step capture"),
+        (True, CPU, 1, WHOLE_NET, False, "need a CUDA device"),
+        (True, CUDA, 2, WHOLE_NET, False, "not used under DDP"),
+    ],
+)
 def test_cuda_graph_decision_table(setting, device, world, plan, mode, needle):
     fam = _Fam()
     fam.capture = plan
@@ -72,12 +75,15 @@ def test_cuda_graph_decision_table(setting, device, world, plan, mode, needle):
     assert why.startswith(f"cuda_graph={'auto' if setting == 'auto' else str(setting).lower()}")
 
 
-@pytest.mark.parametrize("device,world,plan,mode,needle", [
-    (CPU, 1, WHOLE_NET, True, "need a CUDA device; training eager on cpu"),
-    (CUDA, 2, WHOLE_NET, True, "not used under DDP (2 processes)"),
-    (CUDA, 1, NO_CAPTURE, True, "family has no capture plan"),
-    (CUDA, 1, NET_ONLY, "full", "does not support whole-step capture"),
-])
+@pytest.mark.parametrize(
+    "device,world,plan,mode,needle",
+    [
+        (CPU, 1, WHOLE_NET, True, "need a CUDA device; training eager on cpu"),
+        (CUDA, 2, WHOLE_NET, True, "not used under DDP (2 processes)"),
+        (CUDA, 1, NO_CAPTURE, True, "family has no capture plan"),
+        (CUDA, 1, NET_ONLY, "full", "does not support whole-step capture"),
+    ],
+)
 def test_unusable_explicit_cuda_graph_falls_back_with_one_event(device, world, plan, mode, needle):
     fam = _Fam()
     fam.capture = plan
@@ -212,7 +218,13 @@ def test_capturable_update_resumed_from_a_checkpoint_continues_the_run(name):
         opt = optim.build_optimizer(net, name, 0.01, 0.9, 5e-4, CPU)
         flat = FlatParams(net, None)
         ema = ModelEMA(net, 0.9999, 2.0)
-        return net, opt, ema, CapturableUpdate(opt, name, torch.amp.GradScaler("cuda", enabled=False), ema, 1.0, flat, CPU), flat
+        return (
+            net,
+            opt,
+            ema,
+            CapturableUpdate(opt, name, torch.amp.GradScaler("cuda", enabled=False), ema, 1.0, flat, CPU),
+            flat,
+        )
 
     def run(upd, opt, flat, steps):
         for it in steps:
@@ -225,7 +237,9 @@ def test_capturable_update_resumed_from_a_checkpoint_continues_the_run(name):
             upd.step()
 
     torch.manual_seed(0)
-    seed_net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 1))
+    seed_net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 1)
+    )
     net_a, opt_a, ema_a, upd_a, flat_a = build(seed_net)
     run(upd_a, opt_a, flat_a, range(6))
 
@@ -249,7 +263,9 @@ def test_capturable_update_resumed_from_a_checkpoint_continues_the_run(name):
 def test_flat_params_give_the_same_training_as_plain_parameters():
     """functional_call on stand-ins + flat gradient accumulation == ordinary autograd accumulation."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 1))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.SiLU(), torch.nn.Conv2d(8, 4, 1)
+    )
     ref = copy.deepcopy(net)
     flat = FlatParams(net, None)
     assert net[0].weight.grad is not None and net[0].weight.data_ptr() == flat.flat.data_ptr()

@@ -16,7 +16,11 @@ DEV = torch.device("cuda:0")
 def _deterministic():
     """Bitwise comparisons need the same kernels in both runs: no cuDNN autotuning, deterministic algorithms."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    prev = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled())
+    prev = (
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+    )
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
     torch.use_deterministic_algorithms(True)
     yield
@@ -25,8 +29,20 @@ def _deterministic():
 
 
 def _cfg(**kw):
-    return TrainConfig.from_overrides({"model": "LibreYOLO9t", "batch": 8, "imgsz": 320, "amp": True, "amp_dtype": "float16",
-                                       "nbs": 16, "optimizer": "SGD", "lr0": 0.01, "seed": 0, **kw})
+    return TrainConfig.from_overrides(
+        {
+            "model": "LibreYOLO9t",
+            "batch": 8,
+            "imgsz": 320,
+            "amp": True,
+            "amp_dtype": "float16",
+            "nbs": 16,
+            "optimizer": "SGD",
+            "lr0": 0.01,
+            "seed": 0,
+            **kw,
+        }
+    )
 
 
 def _batches(cfg, n):
@@ -114,7 +130,16 @@ def test_trainer_runs_with_graphs_on_gpu(tmp_path, mode):
 
     data = make_shapes(tmp_path / "d", 64, 16, 160)
     m = LibreYOLO("LibreYOLO9t")
-    m.train(data=str(data), epochs=2, imgsz=160, batch=8, device=0, cuda_graph=mode, workers=2, project=str(tmp_path / "runs"))
+    m.train(
+        data=str(data),
+        epochs=2,
+        imgsz=160,
+        batch=8,
+        device=0,
+        cuda_graph=mode,
+        workers=2,
+        project=str(tmp_path / "runs"),
+    )
     ev = list(read_events(m.last_run / "events.jsonl"))
     assert ev[-1]["status"] == "finished"
     assert any(e["type"] == "graph" and e["action"] == "capture" for e in ev), [e for e in ev if e["type"] == "graph"]
@@ -140,10 +165,14 @@ def test_a_capture_plan_of_submodules_captures_them_and_runs_the_rest_eager_bitw
     cfg.cuda_graph = True
     events = []
     step, mode, _ = select_step(parts.eager_step(cfg.grad_clip), parts, cfg, fam, DEV, 1, events.append)
-    losses = [step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0).clone() for i, b in enumerate(batches)]
+    losses = [
+        step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0).clone() for i, b in enumerate(batches)
+    ]
     torch.cuda.synchronize()
     caps = [e for e in events if e.action == "capture"]
-    assert mode is True and len(caps) == 1 and "net.stem, net.b4 (the rest eager)" in caps[0].reason and not step.disabled
+    assert (
+        mode is True and len(caps) == 1 and "net.stem, net.b4 (the rest eager)" in caps[0].reason and not step.disabled
+    )
     assert torch.equal(eager, torch.stack(losses)), (eager - torch.stack(losses)).abs().max()
     for (k, a), b in zip(pe.train_net.state_dict().items(), parts.train_net.state_dict().values()):
         assert torch.equal(a, b), k

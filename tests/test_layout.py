@@ -97,6 +97,12 @@ def test_no_module_outside_yolo9_names_its_loss_terms():
         for f in (ROOT / folder).rglob("*.py"):
             if "families/yolo9" in f.as_posix():
                 continue
-            hits += [f"{f.relative_to(ROOT)}:{n}" for n, line in enumerate(f.read_text().splitlines(), 1) if pattern.search(line)]
+            hits += [
+                f"{f.relative_to(ROOT)}:{n}"
+                for n, line in enumerate(f.read_text().splitlines(), 1)
+                if pattern.search(line)
+            ]
     assert hits == []
-    assert pattern.search((ROOT / "libreyolo/families/yolo9/__init__.py").read_text())  # the pattern does match the family's own
+    assert pattern.search(
+        (ROOT / "libreyolo/families/yolo9/__init__.py").read_text()
+    )  # the pattern does match the family's own

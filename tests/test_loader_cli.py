@@ -14,7 +14,9 @@ from conftest import FAST
 
 def _cli(*args):
     env = {**os.environ, "COLUMNS": "200"}  # rich tables are not wrapped, so lines can be matched
-    return subprocess.run([sys.executable, "-m", "libreyolo.cli.main", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "libreyolo.cli.main", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_default_workers_follow_cpus_gpus_and_batch(monkeypatch):

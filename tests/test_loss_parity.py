@@ -52,7 +52,7 @@ def test_assignment_is_exactly_the_reference(seed):
     g = torch.Generator().manual_seed(100 + seed)
     A = raw.shape[-1]
     scores = torch.rand(b, A, NC, generator=g)
-    anchors = (torch.rand(A, 2, generator=g) * size)
+    anchors = torch.rand(A, 2, generator=g) * size
     pred = _boxes(g, b, A, scale=size)
     pred[1, :5] = targets[1, 0, 1:]  # predictions equal to a ground truth
     args = (scores, pred, anchors, targets[..., 0].long(), targets[..., 1:5], mask)

@@ -48,7 +48,9 @@ def test_probe_picks_one_halving_below_the_overflow_and_leaves_batchnorm_alone()
 
 def test_a_gradient_that_overflows_at_scale_one_starts_at_one():
     net = _Half()
-    scale, exp = probe_loss_scale(net, lambda img: net(torch.randn(4, 64)) * 1e3, _loss, [net.w], torch.zeros(1, 8, 8, 3), None, None, 1.0)
+    scale, exp = probe_loss_scale(
+        net, lambda img: net(torch.randn(4, 64)) * 1e3, _loss, [net.w], torch.zeros(1, 8, 8, 3), None, None, 1.0
+    )
     assert (scale, exp) == (1.0, None)
 
 

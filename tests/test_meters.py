@@ -92,13 +92,55 @@ def test_progress_line_shows_dashes_not_stale_or_zero_losses_before_the_first_re
     out = io.StringIO()
     r = RichRenderer(plain=True, console=Console(file=out, width=200), plain_every_s=0)
     # the terms come from run_start: the renderer knows them before the first loss has been read back
-    r(ev.RunStart(run_dir="runs/train/exp", model="LibreYOLO9t", family="yolo9", task="detect", nc=1, names=["a"], data="d.yaml",
-                  epochs=1, start_epoch=0, batch=8, batch_per_rank=8, accumulate=1, world_size=1, imgsz=64, device="cpu", amp=False,
-                  amp_dtype="float32", cuda_graph="auto", cuda_graph_mode="false", cuda_graph_reason="cuda_graph=auto: cpu",
-                  loss_terms=["box", "cls", "dfl"], workers=0, optimizer="AdamW", steps_per_epoch=2, train_images=16, val_images=8,
-                  params=1, pid=1, resumed=False, config={}))
+    r(
+        ev.RunStart(
+            run_dir="runs/train/exp",
+            model="LibreYOLO9t",
+            family="yolo9",
+            task="detect",
+            nc=1,
+            names=["a"],
+            data="d.yaml",
+            epochs=1,
+            start_epoch=0,
+            batch=8,
+            batch_per_rank=8,
+            accumulate=1,
+            world_size=1,
+            imgsz=64,
+            device="cpu",
+            amp=False,
+            amp_dtype="float32",
+            cuda_graph="auto",
+            cuda_graph_mode="false",
+            cuda_graph_reason="cuda_graph=auto: cpu",
+            loss_terms=["box", "cls", "dfl"],
+            workers=0,
+            optimizer="AdamW",
+            steps_per_epoch=2,
+            train_images=16,
+            val_images=8,
+            params=1,
+            pid=1,
+            resumed=False,
+            config={},
+        )
+    )
     r(ev.EpochStart(epoch=0, epochs=1, steps=2, mosaic=False))
     for step, losses in ((1, {}), (2, {"box": 0.5, "cls": 1.25, "dfl": 2.0})):
-        r(ev.Step(epoch=0, step=step, steps=2, losses=losses, lr=0.01, img_s=10.0, data_frac=0.0, step_ms=1.0, gpu_mem_gb=0.0, eta_s=0.0))
+        r(
+            ev.Step(
+                epoch=0,
+                step=step,
+                steps=2,
+                losses=losses,
+                lr=0.01,
+                img_s=10.0,
+                data_frac=0.0,
+                step_ms=1.0,
+                gpu_mem_gb=0.0,
+                eta_s=0.0,
+            )
+        )
     lines = [ln for ln in out.getvalue().splitlines() if "img/s" in ln]
     assert "box - cls - dfl -" in lines[0] and "box 0.500 cls 1.250 dfl 2.000" in lines[1]

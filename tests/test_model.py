@@ -68,7 +68,9 @@ def test_model_names_and_missing_pt_message(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     m = LibreYOLO("LibreYOLO9s", nc=5)
     assert m.nc == 5 and m.model_name == "LibreYOLO9s" and not m.trained
-    with pytest.raises(CheckpointError, match="pretrained=false or model=LibreYOLO9t builds an untrained.*nothing is downloaded"):
+    with pytest.raises(
+        CheckpointError, match="pretrained=false or model=LibreYOLO9t builds an untrained.*nothing is downloaded"
+    ):
         LibreYOLO("LibreYOLO9t.pt")
     assert LibreYOLO("LibreYOLO9t.pt", pretrained=False).model_name == "LibreYOLO9t"
     with pytest.raises(ConfigError, match="LibreYOLO9t"):

@@ -101,12 +101,14 @@ def test_nms_kernel_is_torchvisions_without_importing_the_package():
     import subprocess
     import sys
 
-    code = ("import sys, torch\n"
-            "from libreyolo.nn.nms import _nms, nms_packed\n"
-            "b = torch.rand(2, 500, 4) * 60; b[..., 2:] += b[..., :2]\n"
-            "out = nms_packed(b, torch.rand(2, 500, 3), 0.01, 0.5, 50, True)\n"
-            "assert len(out) > 0 and 'torchvision' not in sys.modules, sorted(m for m in sys.modules if 'vision' in m)\n"
-            "import torchvision.ops\n"
-            "bx, s = b[0], torch.rand(500)\n"
-            "assert torch.equal(_nms()(bx, s, 0.5), torchvision.ops.nms(bx, s, 0.5))\n")
+    code = (
+        "import sys, torch\n"
+        "from libreyolo.nn.nms import _nms, nms_packed\n"
+        "b = torch.rand(2, 500, 4) * 60; b[..., 2:] += b[..., :2]\n"
+        "out = nms_packed(b, torch.rand(2, 500, 3), 0.01, 0.5, 50, True)\n"
+        "assert len(out) > 0 and 'torchvision' not in sys.modules, sorted(m for m in sys.modules if 'vision' in m)\n"
+        "import torchvision.ops\n"
+        "bx, s = b[0], torch.rand(500)\n"
+        "assert torch.equal(_nms()(bx, s, 0.5), torchvision.ops.nms(bx, s, 0.5))\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -58,7 +58,9 @@ def train_with_spy(data, project, **kw):
 def profiled(tiny_data, tmp_path_factory):
     """16 steps (4 epochs of 4), accumulate 1: warmup 5 (across an epoch end), then 4 unsynchronised steps (across
     another), then 3 synced, then 4 ordinary ones."""
-    trainer, spy = train_with_spy(tiny_data, tmp_path_factory.mktemp("prof"), epochs=4, nbs=4, profile=True, profile_warmup=5, profile_steps=7)
+    trainer, spy = train_with_spy(
+        tiny_data, tmp_path_factory.mktemp("prof"), epochs=4, nbs=4, profile=True, profile_warmup=5, profile_steps=7
+    )
     return trainer, spy, trainer.s.run_dir
 
 
@@ -81,7 +83,9 @@ def test_window_discards_warmup_measures_two_halves_then_hands_back(profiled):
 
 def test_window_rounds_to_accumulation_boundaries(tiny_data, tmp_path):
     # nbs=12, batch 4: accumulate 3; with 4 steps an epoch the optimizer steps after local steps 3 and 4
-    trainer, spy = train_with_spy(tiny_data, tmp_path, epochs=2, nbs=12, profile=True, profile_warmup=1, profile_steps=2)
+    trainer, spy = train_with_spy(
+        tiny_data, tmp_path, epochs=2, nbs=12, profile=True, profile_warmup=1, profile_steps=2
+    )
     w = load_profile(trainer.s.run_dir)["window"]
     assert w["accumulate"] == 3
     # warmup 1 ends at the first boundary (step 3); each half needs >= 1 step and ends on a boundary:
@@ -96,7 +100,9 @@ def test_profile_off_attaches_nothing(tiny_data, tmp_path):
     assert spy.phases == ["NoPhases"] * 4 and not any(spy.profiler_on)
     assert trainer.after_step is spy and trainer.phases is NO_PHASES
     # no closer of the profiler's among the run's (renderer, event writer, distributed context, caches)
-    assert not any(type(getattr(c, "__self__", c)).__module__.startswith("libreyolo.profiler") for c in trainer.s.closers)
+    assert not any(
+        type(getattr(c, "__self__", c)).__module__.startswith("libreyolo.profiler") for c in trainer.s.closers
+    )
     assert not (trainer.s.run_dir / "profile.json").exists()
     assert "profile" not in [e["type"] for e in read_events(trainer.s.run_dir / "events.jsonl")]
 
@@ -106,15 +112,26 @@ def test_short_run_stops_the_profiler_and_warns(tiny_data, tmp_path):
     trainer, spy = train_with_spy(tiny_data, tmp_path, epochs=1, nbs=4, profile=True, profile_warmup=0, profile_steps=6)
     assert spy.phases == ["Recorder"] * 4 and spy.profiler_on == [True] * 3 + [False]
     assert trainer.phases is NO_PHASES and trainer.after_step is spy and not torch._C._autograd._profiler_enabled()
-    warnings = [e for e in read_events(trainer.s.run_dir / "events.jsonl") if e["type"] == "warning" and e["code"] == "profile"]
-    assert len(warnings) == 1 and "ended after 4 step(s)" in warnings[0]["message"] and "profile_steps=6" in warnings[0]["message"]
+    warnings = [
+        e for e in read_events(trainer.s.run_dir / "events.jsonl") if e["type"] == "warning" and e["code"] == "profile"
+    ]
+    assert (
+        len(warnings) == 1
+        and "ended after 4 step(s)" in warnings[0]["message"]
+        and "profile_steps=6" in warnings[0]["message"]
+    )
     assert not (trainer.s.run_dir / "profile.json").exists()
 
 
 def test_ddp_is_ignored_with_one_warning():
     emitted = []
-    trainer = SimpleNamespace(s=SimpleNamespace(world_size=2, closers=[]), cfg=TrainConfig(), emit=emitted.append,
-                              phases=NO_PHASES, after_step=None)
+    trainer = SimpleNamespace(
+        s=SimpleNamespace(world_size=2, closers=[]),
+        cfg=TrainConfig(),
+        emit=emitted.append,
+        phases=NO_PHASES,
+        after_step=None,
+    )
     assert attach(trainer) is None
     assert [(e.type, e.code) for e in emitted] == [("warning", "profile")] and "DDP" in emitted[0].message
     assert trainer.phases is NO_PHASES and trainer.after_step is None and trainer.s.closers == []
@@ -138,7 +155,12 @@ def test_artifacts_match_their_schemas(profiled):
     prof = [e for e in read_events(run / "events.jsonl") if e["type"] == "profile"]
     assert len(prof) == 1
     validate_event(prof[0])
-    assert prof[0]["verdict"] == p["verdict"]["name"] and set(prof[0]["artifacts"]) == {"timeline", "trace", "summary", "profile"}
+    assert prof[0]["verdict"] == p["verdict"]["name"] and set(prof[0]["artifacts"]) == {
+        "timeline",
+        "trace",
+        "summary",
+        "profile",
+    }
     assert all(Path(path).is_file() for path in prof[0]["artifacts"].values())
 
 
@@ -146,8 +168,10 @@ def test_timeline_is_self_contained(profiled):
     html = (profiled[2] / "timeline.html").read_text()
     assert "<script src" not in html and "<link" not in html and "@import" not in html
     assert "http://" not in html and "https://" not in html  # nothing to fetch: it opens offline
-    start = html.index('<script id="profile-data" type="application/json">') + len('<script id="profile-data" type="application/json">')
-    data = json.loads(html[start:html.index("</script>", start)])
+    start = html.index('<script id="profile-data" type="application/json">') + len(
+        '<script id="profile-data" type="application/json">'
+    )
+    data = json.loads(html[start : html.index("</script>", start)])
     assert data["verdict"]["name"] == "compute" and data["events"] and data["lanes"][0]["name"] == "phases · CPU"
     assert len(data["segments"]) == 2
 
@@ -158,7 +182,10 @@ def test_bad_profile_files_name_the_file_and_the_field(profiled, tmp_path):
     del p["kernels"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(p))
-    with pytest.raises(ProfileFileError, match=r"bad\.json: not a valid libreyolo.profile/v1 file: .*kernels: missing.*headline\.step_ms"):
+    with pytest.raises(
+        ProfileFileError,
+        match=r"bad\.json: not a valid libreyolo.profile/v1 file: .*kernels: missing.*headline\.step_ms",
+    ):
         load_profile(bad)
     bad.write_text(json.dumps({**p, "schema": "libreyolo.profile/v0"}))
     with pytest.raises(ProfileFileError, match="schema is 'libreyolo.profile/v0'"):
@@ -191,8 +218,29 @@ def test_cpu_sleeping_loader_gives_dataloader_and_try_adds_workers(tiny_data, tm
     from libreyolo.cli.main import main
 
     SleepyDataset.install(monkeypatch)
-    code = main(["profile", "run", str(tiny_data), "--imgsz", "32", "--batch", "4", "--workers", "0", "--device", "cpu",
-                 "--warmup", "1", "--steps", "2", "--try", "--project", str(tmp_path), "nbs=4"])
+    code = main(
+        [
+            "profile",
+            "run",
+            str(tiny_data),
+            "--imgsz",
+            "32",
+            "--batch",
+            "4",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--try",
+            "--project",
+            str(tmp_path),
+            "nbs=4",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     before = load_profile(tmp_path / "exp")
@@ -205,14 +253,30 @@ def test_cpu_sleeping_loader_gives_dataloader_and_try_adds_workers(tiny_data, tm
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium; .ci/run installs it)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium (Debian: apt-get install chromium; .ci/run installs it)"
+)
 
 
 def open_headless(page: Path, profile_dir: Path) -> tuple[str, list[str]]:
     """The DOM after the page's scripts ran, and the console lines chromium logged."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", f"--user-data-dir={profile_dir}", "--enable-logging=stderr", "--v=0",
-           "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile_dir}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        page.as_uri(),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "<body" in r.stdout, r.stderr[-3000:]
     return r.stdout, [line for line in r.stderr.splitlines() if ":CONSOLE" in line]
@@ -222,7 +286,9 @@ def assert_page_ok(dom: str, console: list[str], verdict: str) -> None:
     assert not console, console  # no console messages at all: an uncaught error would be one
     assert 'data-state="ready"' in dom  # the script ran to its last line
     assert re.search(r'<pre id="errors" hidden="">\s*</pre>', dom), "the page reported an error"
-    assert re.search(rf'<p id="verdict" class="[^"]*">{re.escape(html.escape(verdict))}</p>', dom)  # filled in by the script
+    assert re.search(
+        rf'<p id="verdict" class="[^"]*">{re.escape(html.escape(verdict))}</p>', dom
+    )  # filled in by the script
 
 
 @needs_chromium
@@ -249,4 +315,8 @@ def test_gpu_lanes_render_and_a_throwing_page_is_caught(profiled, tmp_path):
     # the check itself must be able to fail: the same page with a script that throws
     page.write_text(page.read_text().replace("</body>", "<script>null.boom;</script></body>"))
     dom, console = open_headless(page, tmp_path / "chromium2")
-    assert 'data-state="error"' in dom and "Cannot read properties of null" in dom and any("Uncaught" in c for c in console)
+    assert (
+        'data-state="error"' in dom
+        and "Cannot read properties of null" in dom
+        and any("Uncaught" in c for c in console)
+    )

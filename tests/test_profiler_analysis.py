@@ -17,19 +17,35 @@ def synthetic_trace(steps=2, step_us=1000.0, kernel_us=100.0, kernels=4, mallocs
     ev.append(X("user_annotation", "libreyolo::segment", 0, steps * step_us))
     for s in range(steps):
         t = s * step_us
-        ev += [X("user_annotation", "libreyolo::step", t, step_us - 10), X("user_annotation", "libreyolo::data", t, 100),
-               X("user_annotation", "libreyolo::forward", t + 100, 400), X("user_annotation", "libreyolo::backward", t + 500, 400),
-               X("cpu_op", "aten::conv2d", t + 110, 300), X("cpu_op", "aten::convolution", t + 120, 200)]
+        ev += [
+            X("user_annotation", "libreyolo::step", t, step_us - 10),
+            X("user_annotation", "libreyolo::data", t, 100),
+            X("user_annotation", "libreyolo::forward", t + 100, 400),
+            X("user_annotation", "libreyolo::backward", t + 500, 400),
+            X("cpu_op", "aten::conv2d", t + 110, 300),
+            X("cpu_op", "aten::convolution", t + 120, 200),
+        ]
         for k in range(kernels):
             corr += 1
             ev.append(X("cuda_runtime", "cudaLaunchKernel", t + 150 + k, 1, correlation=corr))
-            ev.append(X("kernel", "sm90_xmma_fprop_implicit_gemm_f16" if k % 2 else "vectorized_elementwise_kernel",
-                        t + 200 + k * kernel_us, kernel_us, tid=7, correlation=corr, stream=7))
+            ev.append(
+                X(
+                    "kernel",
+                    "sm90_xmma_fprop_implicit_gemm_f16" if k % 2 else "vectorized_elementwise_kernel",
+                    t + 200 + k * kernel_us,
+                    kernel_us,
+                    tid=7,
+                    correlation=corr,
+                    stream=7,
+                )
+            )
         for m in range(mallocs):
             ev.append(X("cuda_runtime", "cudaMalloc" if m % 2 else "cudaFree", t + 600 + m, 1))
     ev.append(X("user_annotation", "libreyolo::segment", 10 * step_us, step_us))  # a second segment, empty of steps
     if gap_kernels:
-        ev.append(X("kernel", "validation_kernel", 5 * step_us, 3000, tid=7))  # between the segments: outside the window
+        ev.append(
+            X("kernel", "validation_kernel", 5 * step_us, 3000, tid=7)
+        )  # between the segments: outside the window
     return {"traceEvents": ev}
 
 
@@ -71,30 +87,61 @@ def test_cpu_trace_has_no_utilization():
     assert analyze_trace(t, steps=2, on_cuda=False)["utilization"] is None
 
 
-META = {"device": "cuda:0", "batch": 16, "workers": 4, "cpus": 16, "amp": True, "amp_dtype": "float16", "cuda_graph": "false"}
+META = {
+    "device": "cuda:0",
+    "batch": 16,
+    "workers": 4,
+    "cpus": 16,
+    "amp": True,
+    "amp_dtype": "float16",
+    "cuda_graph": "false",
+}
 
 
 def headline(**kw):
-    h = {"step_ms": 100.0, "data_ms": 5.0, "data_frac": 0.05, "utilization": 0.5, "kernels_per_step": 1200, "mean_kernel_us": 9.5,
-         "alloc_calls_per_step": 0.0, "alloc_retries": 0, "vram_frac": 0.3, "tensor_core_frac": 0.6}
+    h = {
+        "step_ms": 100.0,
+        "data_ms": 5.0,
+        "data_frac": 0.05,
+        "utilization": 0.5,
+        "kernels_per_step": 1200,
+        "mean_kernel_us": 9.5,
+        "alloc_calls_per_step": 0.0,
+        "alloc_retries": 0,
+        "vram_frac": 0.3,
+        "tensor_core_frac": 0.6,
+    }
     h.update(kw)
     return h
 
 
-@pytest.mark.parametrize("figures,meta,verdict,first_try", [
-    (dict(alloc_calls_per_step=12.0, data_frac=0.5), {}, MEMORY, {"batch": 8}),  # memory pressure wins over everything
-    (dict(vram_frac=0.97, utilization=0.95), {}, MEMORY, {"batch": 8}),
-    (dict(alloc_retries=3), {}, MEMORY, {"batch": 8}),
-    (dict(data_frac=0.35, data_ms=35.0, utilization=0.95), {}, DATALOADER, {"workers": 8}),
-    (dict(data_frac=0.35, data_ms=35.0), {"workers": 16}, DATALOADER, {"cache": "ram"}),  # no CPU left for workers
-    (dict(utilization=0.85), {}, COMPUTE, {"amp": True, "amp_dtype": "bfloat16"}),
-    (dict(utilization=0.85), {"amp_dtype": "bfloat16"}, COMPUTE, None),
-    (dict(utilization=0.5), {}, HOST, {"cuda_graph": True}),
-    (dict(utilization=0.5), {"cuda_graph": "true"}, HOST, {"batch": 32}),
-    (dict(utilization=None), {}, UNKNOWN, None),  # a CUDA run whose trace has no kernels: no false verdict
-    (dict(utilization=None, data_frac=0.1), {"device": "cpu"}, COMPUTE, None),
-    (dict(utilization=None, data_frac=0.4, data_ms=40.0), {"device": "cpu", "workers": 0, "cpus": 2}, DATALOADER, {"workers": 2}),
-])
+@pytest.mark.parametrize(
+    "figures,meta,verdict,first_try",
+    [
+        (
+            dict(alloc_calls_per_step=12.0, data_frac=0.5),
+            {},
+            MEMORY,
+            {"batch": 8},
+        ),  # memory pressure wins over everything
+        (dict(vram_frac=0.97, utilization=0.95), {}, MEMORY, {"batch": 8}),
+        (dict(alloc_retries=3), {}, MEMORY, {"batch": 8}),
+        (dict(data_frac=0.35, data_ms=35.0, utilization=0.95), {}, DATALOADER, {"workers": 8}),
+        (dict(data_frac=0.35, data_ms=35.0), {"workers": 16}, DATALOADER, {"cache": "ram"}),  # no CPU left for workers
+        (dict(utilization=0.85), {}, COMPUTE, {"amp": True, "amp_dtype": "bfloat16"}),
+        (dict(utilization=0.85), {"amp_dtype": "bfloat16"}, COMPUTE, None),
+        (dict(utilization=0.5), {}, HOST, {"cuda_graph": True}),
+        (dict(utilization=0.5), {"cuda_graph": "true"}, HOST, {"batch": 32}),
+        (dict(utilization=None), {}, UNKNOWN, None),  # a CUDA run whose trace has no kernels: no false verdict
+        (dict(utilization=None, data_frac=0.1), {"device": "cpu"}, COMPUTE, None),
+        (
+            dict(utilization=None, data_frac=0.4, data_ms=40.0),
+            {"device": "cpu", "workers": 0, "cpus": 2},
+            DATALOADER,
+            {"workers": 2},
+        ),
+    ],
+)
 def test_verdict_order_and_first_lever(figures, meta, verdict, first_try):
     v = decide(headline(**figures), {**META, **meta})
     assert v.name == verdict and v.try_overrides == first_try and v.levers and v.why
@@ -102,7 +149,9 @@ def test_verdict_order_and_first_lever(figures, meta, verdict, first_try):
 
 def test_why_carries_the_evidence():
     v = decide(headline(utilization=0.31, kernels_per_step=1214, mean_kernel_us=9.8), META)
-    assert "31%" in v.why and "1214 kernels per step" in v.why and "9.8 µs" in v.why and "cuda_graph=true" in v.levers[0]
+    assert (
+        "31%" in v.why and "1214 kernels per step" in v.why and "9.8 µs" in v.why and "cuda_graph=true" in v.levers[0]
+    )
     v = decide(headline(alloc_calls_per_step=38.0, utilization=0.4), META)
     assert "38.0 cudaMalloc/cudaFree calls per step" in v.why and "unreliable" in v.why and "batch=8" in v.levers[0]
     v = decide(headline(data_frac=0.62, data_ms=62.0), META)

@@ -16,9 +16,34 @@ from libreyolo.profiler.schema import load_profile
 def repeated(tiny_data, tmp_path_factory):
     """Two profile-only trials of the tiny model, run as a user would: a subprocess, --json on stdout."""
     project = tmp_path_factory.mktemp("profile_cli")
-    cmd = [sys.executable, "-m", "libreyolo.cli.main", "profile", "run", str(tiny_data), "--model", "LibreYOLO9t", "--batch", "4",
-           "--imgsz", "64", "--workers", "0", "--device", "cpu", "--warmup", "1", "--steps", "2", "--repeat", "2", "--json",
-           "--project", str(project), "nbs=4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "libreyolo.cli.main",
+        "profile",
+        "run",
+        str(tiny_data),
+        "--model",
+        "LibreYOLO9t",
+        "--batch",
+        "4",
+        "--imgsz",
+        "64",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--repeat",
+        "2",
+        "--json",
+        "--project",
+        str(project),
+        "nbs=4",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two OpenMP threads per process crawl on a shared 2-core machine
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -73,11 +98,36 @@ def gpu_like(repeated, tmp_path):
     p = load_profile(repeated[1] / "prof_1")
     row = dict(category="conv", tensor_core=True, pct_gpu=10.0, mean_us=50.0)
     p["kernels"] = [
-        {**row, "name": "sm90_xmma_fprop_implicit_gemm", "phase": "forward", "ms_per_step": 3.0, "count_per_step": 60.0},
-        {**row, "name": "sm90_xmma_fprop_implicit_gemm", "phase": "backward", "ms_per_step": 1.0, "count_per_step": 20.0},
-        {**row, "name": "sm90_xmma_dgrad_implicit_gemm", "phase": "backward", "ms_per_step": 2.0, "count_per_step": 100.0},
-        {**row, "name": "vectorized_elementwise_kernel", "category": "elementwise", "tensor_core": False, "phase": "optimizer",
-         "ms_per_step": 0.5, "count_per_step": 500.0},
+        {
+            **row,
+            "name": "sm90_xmma_fprop_implicit_gemm",
+            "phase": "forward",
+            "ms_per_step": 3.0,
+            "count_per_step": 60.0,
+        },
+        {
+            **row,
+            "name": "sm90_xmma_fprop_implicit_gemm",
+            "phase": "backward",
+            "ms_per_step": 1.0,
+            "count_per_step": 20.0,
+        },
+        {
+            **row,
+            "name": "sm90_xmma_dgrad_implicit_gemm",
+            "phase": "backward",
+            "ms_per_step": 2.0,
+            "count_per_step": 100.0,
+        },
+        {
+            **row,
+            "name": "vectorized_elementwise_kernel",
+            "category": "elementwise",
+            "tensor_core": False,
+            "phase": "optimizer",
+            "ms_per_step": 0.5,
+            "count_per_step": 500.0,
+        },
     ]
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(p))

@@ -35,7 +35,20 @@ def gpu_data_1k(tmp_path_factory):
 
 
 def profile_run(data, project, *args, env=None):
-    cmd = [sys.executable, "-m", "libreyolo.cli.main", "profile", "run", str(data), "--device", "0", "--json", "--project", str(project), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "libreyolo.cli.main",
+        "profile",
+        "run",
+        str(data),
+        "--device",
+        "0",
+        "--json",
+        "--project",
+        str(project),
+        *args,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return json.loads(r.stdout)
@@ -44,9 +57,11 @@ def profile_run(data, project, *args, env=None):
 def show(case, p):
     h = p["headline"]
     util = "n/a" if h["utilization"] is None else f"{100 * h['utilization']:.0f}%"
-    print(f"\n[{case}] {p['meta']['device_name']}: verdict {p['verdict']['name']!r}; step {h['step_ms']:.2f} ms, {h['img_s']:.0f} img/s, "
-          f"utilization {util}, {h['kernels_per_step']:.0f} kernels/step (mean {h['mean_kernel_us']:.1f} µs), data wait "
-          f"{100 * h['data_frac']:.0f}%, {h['alloc_calls_per_step']:.1f} cudaMalloc/Free per step\n  why: {p['verdict']['why']}")
+    print(
+        f"\n[{case}] {p['meta']['device_name']}: verdict {p['verdict']['name']!r}; step {h['step_ms']:.2f} ms, {h['img_s']:.0f} img/s, "
+        f"utilization {util}, {h['kernels_per_step']:.0f} kernels/step (mean {h['mean_kernel_us']:.1f} µs), data wait "
+        f"{100 * h['data_frac']:.0f}%, {h['alloc_calls_per_step']:.1f} cudaMalloc/Free per step\n  why: {p['verdict']['why']}"
+    )
 
 
 def test_sleeping_loader_is_dataloader(gpu_data, tmp_path, monkeypatch):
@@ -61,8 +76,21 @@ def test_sleeping_loader_is_dataloader(gpu_data, tmp_path, monkeypatch):
             return super().__getitem__(key)
 
     monkeypatch.setattr(setup, "YOLODataset", Sleepy)
-    p = profile_once(dict(data=str(gpu_data), model="LibreYOLO9t", batch=8, imgsz=128, workers=0, device="0", nbs=8,
-                          profile_warmup=3, profile_steps=10), tmp_path, "sleepy")
+    p = profile_once(
+        dict(
+            data=str(gpu_data),
+            model="LibreYOLO9t",
+            batch=8,
+            imgsz=128,
+            workers=0,
+            device="0",
+            nbs=8,
+            profile_warmup=3,
+            profile_steps=10,
+        ),
+        tmp_path,
+        "sleepy",
+    )
     show("dataloader", p)
     assert p["verdict"]["name"] == "dataloader" and p["headline"]["data_frac"] >= 0.2
     assert p["headline"]["utilization"] is not None  # kernels were recorded: the verdict is not a fallback
@@ -70,7 +98,20 @@ def test_sleeping_loader_is_dataloader(gpu_data, tmp_path, monkeypatch):
 
 def test_tiny_model_at_batch_1_is_host_launch_and_try_measures_cuda_graph(gpu_data, tmp_path):
     # nbs=1: an optimizer step every step, as a batch-1 user would also get with accumulation to 64 after 64 steps
-    r = profile_run(gpu_data, tmp_path, "--model", "LibreYOLO9t", "--batch", "1", "--imgsz", "64", "--workers", "2", "--try", "nbs=1")
+    r = profile_run(
+        gpu_data,
+        tmp_path,
+        "--model",
+        "LibreYOLO9t",
+        "--batch",
+        "1",
+        "--imgsz",
+        "64",
+        "--workers",
+        "2",
+        "--try",
+        "nbs=1",
+    )
     p = load_profile(r["run_dir"])
     show("host / launch", p)
     h = p["headline"]
@@ -83,20 +124,42 @@ def test_tiny_model_at_batch_1_is_host_launch_and_try_measures_cuda_graph(gpu_da
     p_dir = Path(r["run_dir"])
     trace = json.loads((p_dir / "profile_trace.json").read_text())
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
-    assert json.dumps("GPU kernels · stream")[1:-1] in (p_dir / "timeline.html").read_text()  # lane names sit in the page's JSON
+    assert (
+        json.dumps("GPU kernels · stream")[1:-1] in (p_dir / "timeline.html").read_text()
+    )  # lane names sit in the page's JSON
     t = r["try"]
     assert t["lever"] == {"cuda_graph": True} and t["after"] is not None and t["speedup"] > 0
     assert load_profile(p_dir / "try")["meta"]["cuda_graph"] == "true"
-    print(f"  --try cuda_graph=true: {t['before']['step_ms']['mean']:.2f} -> {t['after']['step_ms']['mean']:.2f} ms/step, "
-          f"{t['before']['img_s']['mean']:.0f} -> {t['after']['img_s']['mean']:.0f} img/s ({t['speedup']:.2f}x)")
+    print(
+        f"  --try cuda_graph=true: {t['before']['step_ms']['mean']:.2f} -> {t['after']['step_ms']['mean']:.2f} ms/step, "
+        f"{t['before']['img_s']['mean']:.0f} -> {t['after']['img_s']['mean']:.0f} img/s ({t['speedup']:.2f}x)"
+    )
 
 
 def test_large_batch_at_640_is_compute(gpu_data_1k, tmp_path):
     workers = str(min(16, os.cpu_count() or 1))
     # float32 (no scaler sync, the most GPU work per image), no mosaic and the RAM cache: the loader keeps up, the GPU is
     # the limit. With 256 images (4 steps an epoch) every epoch start refilled the loader and the verdict was dataloader.
-    r = profile_run(gpu_data_1k, tmp_path, "--model", "LibreYOLO9s", "--batch", "64", "--imgsz", "640", "--workers", workers, "--no-amp",
-                    "--steps", "10", "--warmup", "3", "mosaic=0", "nbs=64", "cache=ram")
+    r = profile_run(
+        gpu_data_1k,
+        tmp_path,
+        "--model",
+        "LibreYOLO9s",
+        "--batch",
+        "64",
+        "--imgsz",
+        "640",
+        "--workers",
+        workers,
+        "--no-amp",
+        "--steps",
+        "10",
+        "--warmup",
+        "3",
+        "mosaic=0",
+        "nbs=64",
+        "cache=ram",
+    )
     p = load_profile(r["run_dir"])
     show("compute", p)
     assert p["verdict"]["name"] == "compute" and p["headline"]["utilization"] >= 0.8
@@ -105,8 +168,20 @@ def test_large_batch_at_640_is_compute(gpu_data_1k, tmp_path):
 
 def test_allocator_churn_is_memory_pressure(gpu_data, tmp_path):
     # without the caching allocator every tensor is a cudaMalloc and a cudaFree: thrash by construction
-    r = profile_run(gpu_data, tmp_path, "--model", "LibreYOLO9t", "--batch", "8", "--imgsz", "128", "--workers", "2", "nbs=8",
-                    env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    r = profile_run(
+        gpu_data,
+        tmp_path,
+        "--model",
+        "LibreYOLO9t",
+        "--batch",
+        "8",
+        "--imgsz",
+        "128",
+        "--workers",
+        "2",
+        "nbs=8",
+        env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+    )
     p = load_profile(r["run_dir"])
     show("memory-pressure", p)
     assert p["verdict"]["name"] == "memory-pressure" and p["headline"]["alloc_calls_per_step"] >= 5

@@ -48,7 +48,9 @@ class ToyLoss:
     def __init__(self, net: ToyNet, cfg: Any):
         self.nc, self.gain = net.nc, float(cfg.toy_gain)
 
-    def __call__(self, raw: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float):
+    def __call__(
+        self, raw: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float
+    ):
         logits = raw[:, 16:, :]  # (B, nc, A); the first 4 * reg_max rows are box logits
         h, w = imgsz[0] // 8, imgsz[1] // 8
         cx = ((targets[..., 1] + targets[..., 3]) / 16).long().clamp(0, w - 1)
@@ -61,7 +63,15 @@ class ToyLoss:
         return (self.gain * alpha + beta) * batch_scale, items.detach()
 
 
-def _postprocess(net: ToyNet, raw: torch.Tensor, imgsz: tuple[int, int], conf: float, iou: float, max_det: int, multi_label: bool = False) -> torch.Tensor:
+def _postprocess(
+    net: ToyNet,
+    raw: torch.Tensor,
+    imgsz: tuple[int, int],
+    conf: float,
+    iou: float,
+    max_det: int,
+    multi_label: bool = False,
+) -> torch.Tensor:
     pred = net.head.decode(raw.float(), [(imgsz[0] // s, imgsz[1] // s) for s in net.strides])
     return nms_packed(pred[..., :4], pred[..., 4:], conf, iou, max_det, multi_label)
 
@@ -76,18 +86,29 @@ def _groups(net: nn.Module) -> list[dict[str, Any]]:
 SCHEDULED: list[int] = []
 
 
-def _schedule(opt: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int, momentum: float, steps_per_epoch: int) -> None:
+def _schedule(
+    opt: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int, momentum: float, steps_per_epoch: int
+) -> None:
     SCHEDULED.append(ni)
     for g in opt.param_groups:
         g["lr"] = g["initial_lr"] * (0.5 if epoch else 1.0)
 
 
 TOY = Family(
-    name="toy", prefix="ToyNet", sizes=("a",), task="detect",
-    build=lambda size, nc: ToyNet(nc), train_net=lambda net, cfg: net, loss=lambda net, cfg, reduce=None: ToyLoss(net, cfg),
-    postprocess=_postprocess, loss_terms=("alpha", "beta"),
+    name="toy",
+    prefix="ToyNet",
+    sizes=("a",),
+    task="detect",
+    build=lambda size, nc: ToyNet(nc),
+    train_net=lambda net, cfg: net,
+    loss=lambda net, cfg, reduce=None: ToyLoss(net, cfg),
+    postprocess=_postprocess,
+    loss_terms=("alpha", "beta"),
     keys=(K.Key("toy_gain", 1.0, K.nonneg(K.number), "weight of the alpha term"),),
-    capture=NO_CAPTURE, param_groups=_groups, schedule=_schedule, defaults={"optimizer": "AdamW", "lr0": 0.002},
+    capture=NO_CAPTURE,
+    param_groups=_groups,
+    schedule=_schedule,
+    defaults={"optimizer": "AdamW", "lr0": 0.002},
 )
 
 
@@ -109,7 +130,11 @@ def test_a_family_from_outside_trains_validates_and_reports_its_own_terms(toy, t
     start = events[0]
     assert start["type"] == "run_start" and start["family"] == "toy" and start["loss_terms"] == ["alpha", "beta"]
     assert start["config"]["toy_gain"] == 2.0 and "box" not in start["config"]
-    assert start["cuda_graph"] == "auto" and start["cuda_graph_mode"] == "false" and "eager on cpu" in start["cuda_graph_reason"]
+    assert (
+        start["cuda_graph"] == "auto"
+        and start["cuda_graph_mode"] == "false"
+        and "eager on cpu" in start["cuda_graph_reason"]
+    )
     for kind in ("epoch_end", "val"):
         got = [e for e in events if e["type"] == kind]
         assert len(got) == 2 and all(list(e["losses"]) == ["alpha", "beta"] for e in got)
@@ -118,8 +143,20 @@ def test_a_family_from_outside_trains_validates_and_reports_its_own_terms(toy, t
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "finished"
     with open(run / "results.csv") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["epoch", "time", "train/alpha_loss", "train/beta_loss", "metrics/precision(B)", "metrics/recall(B)",
-                       "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/alpha_loss", "val/beta_loss", "lr/pg0", "lr/pg1"]
+    assert rows[0] == [
+        "epoch",
+        "time",
+        "train/alpha_loss",
+        "train/beta_loss",
+        "metrics/precision(B)",
+        "metrics/recall(B)",
+        "metrics/mAP50(B)",
+        "metrics/mAP50-95(B)",
+        "val/alpha_loss",
+        "val/beta_loss",
+        "lr/pg0",
+        "lr/pg1",
+    ]
     assert len(rows) == 3 and float(rows[2][2]) > 0
     # the family's schedule drove the LR: every step of both epochs, and the halving in epoch 2
     assert len(SCHEDULED) == 2 * start["steps_per_epoch"] and float(rows[2][-1]) == pytest.approx(0.001)
@@ -139,9 +176,15 @@ def test_a_family_from_outside_trains_validates_and_reports_its_own_terms(toy, t
 def test_family_keys_belong_to_their_family(toy):
     cfg = TrainConfig.from_overrides({"model": "ToyNeta", "toy_gain": 3})
     assert cfg.toy_gain == 3.0 and cfg.family == "toy" and cfg.to_dict()["toy_gain"] == 3.0
-    with pytest.raises(ConfigError, match=r"dfl is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\); toy models \(ToyNeta\) do not take it"):
+    with pytest.raises(
+        ConfigError,
+        match=r"dfl is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\); toy models \(ToyNeta\) do not take it",
+    ):
         TrainConfig.from_overrides({"model": "ToyNeta", "dfl": 1.0})
-    with pytest.raises(ConfigError, match=r"box is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\), the yolox family \(LibreYOLOXn"):
+    with pytest.raises(
+        ConfigError,
+        match=r"box is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\), the yolox family \(LibreYOLOXn",
+    ):
         TrainConfig.from_overrides({"model": "ToyNeta", "box": 1.0})
     with pytest.raises(ConfigError, match=r"toy_gain is a key of the toy family \(ToyNeta\); yolo9 models"):
         TrainConfig.from_overrides({"model": "LibreYOLO9t", "toy_gain": 1.0})
@@ -161,5 +204,7 @@ def test_built_in_families_keep_their_order_whatever_is_imported_first():
 
     for first in ("libreyolo.families.yolox.network", "libreyolo.families.yolo9.network", "libreyolo.config"):
         code = f"import {first}\nfrom libreyolo.families import families\nprint(','.join(families()))"
-        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
+        ).stdout
         assert out.split()[-1] == "yolo9,yolox", (first, out)

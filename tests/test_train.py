@@ -21,9 +21,28 @@ from conftest import FAST
 
 def test_tiny_model_overfits_a_handful_of_images(overfit_data, tmp_path):
     m = LibreYOLO("LibreYOLO9t")
-    metrics = m.train(data=str(overfit_data), epochs=50, imgsz=64, batch=8, nbs=8, workers=0, device="cpu", warmup_epochs=0, mosaic=0,
-                      scale=0, translate=0, fliplr=0, hsv_h=0, hsv_s=0, hsv_v=0, optimizer="AdamW", lr0=0.004, val=False,
-                      project=str(tmp_path), seed=0)
+    metrics = m.train(
+        data=str(overfit_data),
+        epochs=50,
+        imgsz=64,
+        batch=8,
+        nbs=8,
+        workers=0,
+        device="cpu",
+        warmup_epochs=0,
+        mosaic=0,
+        scale=0,
+        translate=0,
+        fliplr=0,
+        hsv_h=0,
+        hsv_s=0,
+        hsv_v=0,
+        optimizer="AdamW",
+        lr0=0.004,
+        val=False,
+        project=str(tmp_path),
+        seed=0,
+    )
     rows = list(csv.DictReader(open(m.last_run / "results.csv")))
     assert len(rows) == 1  # val=false validates only the last epoch (BatchNorm needs ~150 steps to settle)
     ev = [e for e in read_events(m.last_run / "events.jsonl") if e["type"] == "epoch_end"]
@@ -61,8 +80,22 @@ def test_run_folder_events_and_results_csv(tiny_data, tmp_path):
     with open(run / "results.csv") as f:
         rows = list(csv.reader(f))
     assert rows[0] == [  # the Ultralytics layout, built from YOLOv9's loss terms and three parameter groups
-        "epoch", "time", "train/box_loss", "train/cls_loss", "train/dfl_loss", "metrics/precision(B)", "metrics/recall(B)",
-        "metrics/mAP50(B)", "metrics/mAP50-95(B)", "val/box_loss", "val/cls_loss", "val/dfl_loss", "lr/pg0", "lr/pg1", "lr/pg2"]
+        "epoch",
+        "time",
+        "train/box_loss",
+        "train/cls_loss",
+        "train/dfl_loss",
+        "metrics/precision(B)",
+        "metrics/recall(B)",
+        "metrics/mAP50(B)",
+        "metrics/mAP50-95(B)",
+        "val/box_loss",
+        "val/cls_loss",
+        "val/dfl_loss",
+        "lr/pg0",
+        "lr/pg1",
+        "lr/pg2",
+    ]
     assert [r[0] for r in rows[1:]] == ["1", "2"]
     # a second run does not overwrite the first
     m2, _ = _train(tiny_data, tmp_path, epochs=1)
@@ -105,14 +138,28 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_data, tmp_path, workers):
 
 
 def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_path):
-    cmd = [sys.executable, "-m", "libreyolo.cli.main", "train", f"data={tiny_data}", "epochs=6", "imgsz=64", "batch=4",
-           "workers=0", "device=cpu", f"project={tmp_path}", "log_interval=0.05"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "libreyolo.cli.main",
+        "train",
+        f"data={tiny_data}",
+        "epochs=6",
+        "imgsz=64",
+        "batch=4",
+        "workers=0",
+        "device=cpu",
+        f"project={tmp_path}",
+        "log_interval=0.05",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     events = tmp_path / "exp" / "events.jsonl"
     deadline = time.time() + 120
     try:
         while time.time() < deadline:
-            if events.exists() and any(e["type"] == "step" and e["epoch"] >= 1 and e["step"] >= 2 for e in read_events(events)):
+            if events.exists() and any(
+                e["type"] == "step" and e["epoch"] >= 1 and e["step"] >= 2 for e in read_events(events)
+            ):
                 break
             time.sleep(0.05)
         else:
@@ -125,7 +172,12 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
     assert ck["epoch"] >= 1 and "train" in ck
     assert not list(last.parent.glob(".*.tmp"))  # no temp file left behind as a "checkpoint"
     assert LibreYOLO(last).trained
-    r = subprocess.run([sys.executable, "-m", "libreyolo.cli.main", "train", f"resume={last}"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "libreyolo.cli.main", "train", f"resume={last}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     run_ends = [e for e in read_events(events) if e["type"] == "run_end"]
     assert [e["status"] for e in run_ends] == ["finished"]  # the killed process never wrote one
@@ -135,10 +187,28 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
 def test_sigint_stops_a_run_started_with_sigint_ignored(tiny_data, tmp_path):
     """A background job of a non-interactive shell starts with SIGINT ignored; `kill -INT` (and the console's Stop,
     which sends SIGINT first) must still save last.pt and end the run `interrupted`."""
-    cmd = [sys.executable, "-m", "libreyolo.cli.main", "train", f"data={tiny_data}", "epochs=50", "imgsz=64", "batch=4",
-           "workers=0", "device=cpu", f"project={tmp_path}", "log_interval=0.05", "val=false"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    cmd = [
+        sys.executable,
+        "-m",
+        "libreyolo.cli.main",
+        "train",
+        f"data={tiny_data}",
+        "epochs=50",
+        "imgsz=64",
+        "batch=4",
+        "workers=0",
+        "device=cpu",
+        f"project={tmp_path}",
+        "log_interval=0.05",
+        "val=false",
+    ]
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     events = tmp_path / "exp" / "events.jsonl"
     try:
         deadline = time.time() + 120
@@ -199,7 +269,6 @@ def test_train_workers_decode_the_next_epoch_while_the_last_one_validates(tiny_d
     monkeypatch.setattr(epochval, "start_validation", watching_validate)
     _train(tiny_data, tmp_path, epochs=2, workers=2)
     assert seen_during_val[0] == ["0", "1"]  # epoch 1's images were being decoded while epoch 0 validated
-
 
 
 def test_cudnn_benchmark_auto_times_algorithms_only_for_long_runs(tiny_data, tmp_path, monkeypatch):

@@ -75,8 +75,15 @@ def test_validation_on_cuda_gives_the_cpu_metrics(tmp_path):
         net = net.to(dev)
         loader = ValLoader(ds, 16, 2, dev.type == "cuda", persistent=True)
         loader.prefetch()
-        pending = start_validation(net, model.family, loader, dev, dc.names, model.family.loss(net, TrainConfig.from_overrides({"imgsz": 320})),
-                                   static_shape=dev.type == "cuda")
+        pending = start_validation(
+            net,
+            model.family,
+            loader,
+            dev,
+            dc.names,
+            model.family.loss(net, TrainConfig.from_overrides({"imgsz": 320})),
+            static_shape=dev.type == "cuda",
+        )
         out[dev.type] = pending.result()
         loader.close()
     assert out["cpu"]["images"] == out["cuda"]["images"] == 40
@@ -105,9 +112,12 @@ def test_graphed_validation_matches_eager_and_follows_weights_changed_in_place(t
     loss = model.family.loss(net, TrainConfig.from_overrides({"imgsz": 320}))
     graph = EvalGraph(net, loss, torch.float16, capacity(max(map(len, ls.labels))))
     for round_ in range(2):
-        eager = start_validation(net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True).result()
-        graphed = start_validation(net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True,
-                                   graph=graph).result()
+        eager = start_validation(
+            net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True
+        ).result()
+        graphed = start_validation(
+            net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True, graph=graph
+        ).result()
         assert graph.error is None and graph.replays == 3 * (round_ + 1)  # 16 + 16 + 8 (padded to 16) images a round
         assert graphed["detections"] == eager["detections"] and graphed["map"] == pytest.approx(eager["map"], abs=1e-6)
         for k, v in eager["losses"].items():

@@ -44,7 +44,9 @@ class _ReplayNet(torch.nn.Module):
                     j = 3 * k + d
                     boxes[j] = torch.tensor(xyxy) + torch.randn(4, generator=g) * (1 + d)
                     scores[j] = 0.01
-                    scores[j, int(c) if torch.rand(1, generator=g) < 0.8 else (int(c) + 1) % nc] = 0.5 + 0.5 * torch.rand(1, generator=g).item()
+                    scores[j, int(c) if torch.rand(1, generator=g) < 0.8 else (int(c) + 1) % nc] = (
+                        0.5 + 0.5 * torch.rand(1, generator=g).item()
+                    )
             preds.append(torch.cat((boxes, scores), 1))
         self.batches = list(torch.stack(preds).split(batch))
         self.calls = 0
@@ -80,7 +82,9 @@ def _per_image_reference(ds, names, net, batch):
             boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, h0)
             lab = ds.labels.labels[i]
             xyxy = np.concatenate([lab[:, 1:3] - lab[:, 3:5] / 2, lab[:, 1:3] + lab[:, 3:5] / 2], 1) * (w0, h0, w0, h0)
-            acc.add(i, (h0, w0), np.concatenate([lab[:, :1], xyxy], 1), boxes, d["scores"].numpy(), d["classes"].numpy())
+            acc.add(
+                i, (h0, w0), np.concatenate([lab[:, :1], xyxy], 1), boxes, d["scores"].numpy(), d["classes"].numpy()
+            )
     return acc.evaluate()
 
 
@@ -92,7 +96,9 @@ def test_batched_validation_gives_the_per_image_mAP(tiny_data, static_shape):
     assert 0.1 < ref["map50"] < 0.99
     for nms_fn in (N.nms_packed, N.nms_packed_reference):
         net.calls = 0
-        got = validate(net, _family(nms_fn), ValLoader(ds, 3, 0, False), torch.device("cpu"), names, static_shape=static_shape)
+        got = validate(
+            net, _family(nms_fn), ValLoader(ds, 3, 0, False), torch.device("cpu"), names, static_shape=static_shape
+        )
         for k in ("map", "map50", "precision", "recall"):
             assert got[k] == pytest.approx(ref[k], abs=1e-6), k
         assert got["images"] == len(ds) and got["detections"] > 0 and got["bad"] == []
@@ -107,7 +113,9 @@ def test_start_validation_returns_at_once_and_the_result_waits(tiny_data, monkey
     net = _ReplayNet(ds, 4, len(names))
     gate = threading.Event()
     real = coco.CocoAccumulator.evaluate
-    monkeypatch.setattr(coco.CocoAccumulator, "evaluate", lambda self, workers=1: (gate.wait(30), real(self, workers))[1])
+    monkeypatch.setattr(
+        coco.CocoAccumulator, "evaluate", lambda self, workers=1: (gate.wait(30), real(self, workers))[1]
+    )
     pending = start_validation(net, _family(N.nms_packed), ValLoader(ds, 4, 0, False), torch.device("cpu"), names)
     assert isinstance(pending, PendingValidation) and not pending.done()
     with pytest.raises(TimeoutError):
@@ -115,7 +123,18 @@ def test_start_validation_returns_at_once_and_the_result_waits(tiny_data, monkey
     gate.set()
     out = pending.result()
     assert pending.done()
-    assert set(out) >= {"precision", "recall", "map50", "map", "losses", "images", "time_s", "eval_s", "bad", "detections"}
+    assert set(out) >= {
+        "precision",
+        "recall",
+        "map50",
+        "map",
+        "losses",
+        "images",
+        "time_s",
+        "eval_s",
+        "bad",
+        "detections",
+    }
     assert out["losses"] == {"box": 0.0, "cls": 0.0} and out["eval_s"] > 0 and out["time_s"] > 0
 
 
@@ -128,7 +147,9 @@ def test_a_failed_evaluation_raises_from_result(tiny_data, monkeypatch):
         raise RuntimeError("evaluation failed")
 
     monkeypatch.setattr(coco.CocoAccumulator, "evaluate", boom)
-    pending = start_validation(_ReplayNet(ds, 4, len(names)), _family(N.nms_packed), ValLoader(ds, 4, 0, False), torch.device("cpu"), names)
+    pending = start_validation(
+        _ReplayNet(ds, 4, len(names)), _family(N.nms_packed), ValLoader(ds, 4, 0, False), torch.device("cpu"), names
+    )
     with pytest.raises(RuntimeError, match="evaluation failed"):
         pending.result()
 

@@ -41,6 +41,7 @@ def test_head_starts_at_the_prior_probability_and_outputs_raw_values():
 
 # --- SimOTA: the static assigner against a straightforward per-image one ---------------------------------
 
+
 def _iou(a, b):
     """(G, 4) x (N, 4) xyxy -> (G, N), the same arithmetic as the assigner's (IoU must tie bit for bit: the
     dynamic k truncates a sum of IoUs)."""
@@ -80,7 +81,9 @@ def reference_simota(cls_logits, obj_logits, pred_boxes, centres, strides, gt_cl
         p = (cls_logits[b][cand].sigmoid() * obj_logits[b][cand].sigmoid()[:, None]).sqrt()
         G, N = ious.shape
         onehot = F.one_hot(classes, C).float()
-        cls_cost = F.binary_cross_entropy(p[None].expand(G, N, C), onehot[:, None].expand(G, N, C), reduction="none").sum(-1)
+        cls_cost = F.binary_cross_entropy(
+            p[None].expand(G, N, C), onehot[:, None].expand(G, N, C), reduction="none"
+        ).sum(-1)
         cost = cls_cost.double() + 3.0 * -torch.log(ious.double() + 1e-8) + 1e5 * (~both).double()
         ks = ious.topk(min(10, N), 1).values.sum(1).int().clamp(min=1).tolist()
         matching = torch.zeros(G, N, dtype=torch.uint8)
@@ -107,8 +110,10 @@ def reference_simota(cls_logits, obj_logits, pred_boxes, centres, strides, gt_cl
 def _random_case(seed, B=4, M=6, C=4, imgsz=(64, 96)):
     g = torch.Generator().manual_seed(seed)
     shapes = [(imgsz[0] // s, imgsz[1] // s) for s in (8, 16, 32)]
-    centres, stride = make_anchors(shapes, [8, 16, 32], torch.device("cpu"), torch.float32, pixels=True), make_anchors(
-        shapes, [8, 16, 32], torch.device("cpu"), torch.float32)[1].squeeze(-1)
+    centres, stride = (
+        make_anchors(shapes, [8, 16, 32], torch.device("cpu"), torch.float32, pixels=True),
+        make_anchors(shapes, [8, 16, 32], torch.device("cpu"), torch.float32)[1].squeeze(-1),
+    )
     A = centres.shape[0]
     # boxes from 3 px (fewer anchors inside than the dynamic k wants: penalised picks) to half the image
     wh = torch.rand(B, M, 2, generator=g) ** 2 * torch.tensor([imgsz[1] / 2, imgsz[0] / 2]) + 3
@@ -150,11 +155,21 @@ def test_static_simota_matches_the_per_image_reference():
 
 def test_simota_with_no_ground_truth_slots_assigns_nothing():
     cls_logits, obj_logits, pred, centres, stride, _, _, _ = _random_case(0)
-    a = simota(cls_logits, obj_logits, pred, centres, stride, torch.zeros(4, 0), torch.zeros(4, 0, 4), torch.zeros(4, 0, dtype=torch.bool))
+    a = simota(
+        cls_logits,
+        obj_logits,
+        pred,
+        centres,
+        stride,
+        torch.zeros(4, 0),
+        torch.zeros(4, 0, 4),
+        torch.zeros(4, 0, dtype=torch.bool),
+    )
     assert not a.fg.any() and a.target_cls.abs().sum() == 0
 
 
 # --- the loss -------------------------------------------------------------------------------------------
+
 
 def _targets():
     t = torch.zeros(2, 4, 5)
@@ -173,13 +188,25 @@ class _Sync(RuntimeError):
 @contextlib.contextmanager
 def _no_host_sync(monkeypatch):
     """Every Python-level way to pull a value to the host, or to index with a data-dependent shape, raises."""
+
     def boom(name):
         def f(*a, **k):
             raise _Sync(name)
+
         return f
 
     with monkeypatch.context() as m:
-        for name in ("item", "tolist", "nonzero", "numpy", "__bool__", "__int__", "__float__", "argwhere", "masked_select"):
+        for name in (
+            "item",
+            "tolist",
+            "nonzero",
+            "numpy",
+            "__bool__",
+            "__int__",
+            "__float__",
+            "argwhere",
+            "masked_select",
+        ):
             m.setattr(torch.Tensor, name, boom(f"Tensor.{name}"))
         for name in ("nonzero", "argwhere", "masked_select", "unique"):
             m.setattr(torch, name, boom(f"torch.{name}"))
@@ -254,7 +281,14 @@ def test_family_keys_and_defaults():
     fam = get_family("yolox")
     assert fam.models == ["LibreYOLOXn", "LibreYOLOXt", "LibreYOLOXs"] and fam.loss_terms == ("iou", "obj", "cls", "l1")
     cfg = TrainConfig.from_overrides({"model": "LibreYOLOXt", "l1": "2", "box": 4})
-    assert (cfg.optimizer, cfg.lr0, cfg.momentum, cfg.ema_decay, cfg.warmup_epochs, cfg.no_aug_epochs) == ("SGD", 0.01, 0.9, 0.9998, 5, 15)
+    assert (cfg.optimizer, cfg.lr0, cfg.momentum, cfg.ema_decay, cfg.warmup_epochs, cfg.no_aug_epochs) == (
+        "SGD",
+        0.01,
+        0.9,
+        0.9998,
+        5,
+        15,
+    )
     assert (cfg.degrees, cfg.shear, cfg.obj, cfg.cls, cfg.l1, cfg.box) == (10.0, 2.0, 1.0, 1.0, 2.0, 4.0)
     assert fam.loss(YOLOX("n", 3), cfg).gains == (4.0, 1.0, 1.0, 2.0)
     with pytest.raises(Exception, match="obj is a key of the yolox family"):
@@ -263,6 +297,7 @@ def test_family_keys_and_defaults():
 
 # --- training ---------------------------------------------------------------------------------------------
 
+
 def test_nano_overfits_a_handful_of_images(overfit_data, tmp_path):
     # SGD, as YOLOX trains, at nbs=8 (an update every step) with an LR far above YOLOX's per-64-image 0.01: the
     # loss is multiplied by batch/64. 64 px rather than 96: twice the steps in the same time, and it takes
@@ -270,9 +305,33 @@ def test_nano_overfits_a_handful_of_images(overfit_data, tmp_path):
     # steps the eval-mode network lagged the train-mode one: mAP50 0.5-0.9 by seed; here 1.0 for seeds 0-2).
     # AdamW was worse: its weights drift further from the running statistics.
     m = LibreYOLO("LibreYOLOXn")
-    metrics = m.train(data=str(overfit_data), epochs=80, imgsz=64, batch=8, nbs=8, workers=0, device="cpu", warmup_epochs=0,
-                      mosaic=0, degrees=0, shear=0, scale=0, translate=0, fliplr=0, hsv_h=0, hsv_s=0, hsv_v=0, no_aug_epochs=10,
-                      optimizer="SGD", lr0=0.3, lrf=0.01, momentum=0.9, val=False, project=str(tmp_path), seed=0)
+    metrics = m.train(
+        data=str(overfit_data),
+        epochs=80,
+        imgsz=64,
+        batch=8,
+        nbs=8,
+        workers=0,
+        device="cpu",
+        warmup_epochs=0,
+        mosaic=0,
+        degrees=0,
+        shear=0,
+        scale=0,
+        translate=0,
+        fliplr=0,
+        hsv_h=0,
+        hsv_s=0,
+        hsv_v=0,
+        no_aug_epochs=10,
+        optimizer="SGD",
+        lr0=0.3,
+        lrf=0.01,
+        momentum=0.9,
+        val=False,
+        project=str(tmp_path),
+        seed=0,
+    )
     ev = [e for e in read_events(m.last_run / "events.jsonl") if e["type"] == "epoch_end"]
     total = [5 * e["losses"]["iou"] + e["losses"]["obj"] + e["losses"]["cls"] for e in ev]
     assert total[-1] < 0.3 * max(total[:5]), total
@@ -285,7 +344,9 @@ def test_nano_overfits_a_handful_of_images(overfit_data, tmp_path):
 
 def test_l1_term_turns_on_when_mosaic_closes(tiny_data, tmp_path):
     m = LibreYOLO("LibreYOLOXn")
-    m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 2, "no_aug_epochs": 1, "mosaic": 1.0})
+    m.train(
+        **{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 2, "no_aug_epochs": 1, "mosaic": 1.0}
+    )
     events = list(read_events(m.last_run / "events.jsonl"))
     for e in events:
         validate_event(e)
@@ -323,7 +384,18 @@ def test_l1_switch_recaptures_the_graph_once(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setattr(setup_mod, "select_step", select)
     m = LibreYOLO("LibreYOLOXn")
     # 16 images at batch 4: 4 steps an epoch, captured at the 3rd; the hook fires before epoch 2
-    m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 2, "no_aug_epochs": 1, "batch": 4, "nbs": 4, "val": False})
+    m.train(
+        **{
+            **FAST,
+            "data": str(tiny_data),
+            "project": str(tmp_path),
+            "epochs": 2,
+            "no_aug_epochs": 1,
+            "batch": 4,
+            "nbs": 4,
+            "val": False,
+        }
+    )
     graph = [e for e in read_events(m.last_run / "events.jsonl") if e["type"] == "graph"]
     assert [g["action"] for g in graph] == ["capture", "invalidate", "recapture"], graph
     assert graph[1]["reason"] == "L1 loss on at epoch 2"
@@ -336,8 +408,24 @@ def test_build_cli_train_predict_and_val(tiny_data, tmp_path):
 
     s = LibreYOLO("LibreYOLOXs", nc=5)
     assert s.model_name == "LibreYOLOXs" and s.nc == 5 and not s.trained and "LibreYOLOXs, 5 classes" in repr(s)
-    assert main(["train", "model=LibreYOLOXn", f"data={tiny_data}", "epochs=1", "imgsz=64", "batch=8", "workers=0", "device=cpu",
-                 "warmup_epochs=0", "mosaic=0", f"project={tmp_path}"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "model=LibreYOLOXn",
+                f"data={tiny_data}",
+                "epochs=1",
+                "imgsz=64",
+                "batch=8",
+                "workers=0",
+                "device=cpu",
+                "warmup_epochs=0",
+                "mosaic=0",
+                f"project={tmp_path}",
+            ]
+        )
+        == 0
+    )
     m = LibreYOLO(tmp_path / "exp" / "weights" / "best.pt")
     assert m.model_name == "LibreYOLOXn" and m.trained and m.names == ["circle", "square", "triangle"]
     images = sorted((tiny_data.parent / "images" / "val").glob("*.jpg"))[:2]

@@ -14,8 +14,18 @@ DEV = torch.device("cuda:0")
 
 
 def _cfg(**kw):
-    return TrainConfig.from_overrides({"model": "LibreYOLOXn", "batch": 8, "imgsz": 320, "amp": True, "amp_dtype": "float16",
-                                       "nbs": 16, "seed": 0, **kw})
+    return TrainConfig.from_overrides(
+        {
+            "model": "LibreYOLOXn",
+            "batch": 8,
+            "imgsz": 320,
+            "amp": True,
+            "amp_dtype": "float16",
+            "nbs": 16,
+            "seed": 0,
+            **kw,
+        }
+    )
 
 
 @pytest.mark.parametrize("use_l1", [False, True])
@@ -50,8 +60,12 @@ def test_full_step_capture_tracks_eager():
     for mode in ("eager", "full"):
         events = []
         step, parts = make_runner(TrainConfig.from_overrides(cfg.to_dict()), DEV, nc, mode, events.append)
-        out[mode] = torch.stack([step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0).clone()
-                                 for i, b in enumerate(batches)])
+        out[mode] = torch.stack(
+            [
+                step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0).clone()
+                for i, b in enumerate(batches)
+            ]
+        )
         torch.cuda.synchronize()
         if mode == "full":
             assert any(e.action == "capture" for e in events) and not step.disabled, [e.reason for e in events]
@@ -71,8 +85,18 @@ def test_trainer_recaptures_once_when_the_l1_term_turns_on(tmp_path, mode):
 
     data = make_shapes(tmp_path / "d", 64, 16, 160)
     m = LibreYOLO("LibreYOLOXn")
-    m.train(data=str(data), epochs=2, no_aug_epochs=1, imgsz=160, batch=8, nbs=8, device=0, cuda_graph=mode, workers=2,
-            project=str(tmp_path / "runs"))
+    m.train(
+        data=str(data),
+        epochs=2,
+        no_aug_epochs=1,
+        imgsz=160,
+        batch=8,
+        nbs=8,
+        device=0,
+        cuda_graph=mode,
+        workers=2,
+        project=str(tmp_path / "runs"),
+    )
     ev = list(read_events(m.last_run / "events.jsonl"))
     assert ev[-1]["status"] == "finished"
     graph = [e for e in ev if e["type"] == "graph"]
@@ -80,7 +104,7 @@ def test_trainer_recaptures_once_when_the_l1_term_turns_on(tmp_path, mode):
     # (the full-step runner may also invalidate while mosaic raises its target capacity: other reasons)
     l1 = [i for i, g in enumerate(graph) if g["action"] == "invalidate" and g["reason"].startswith("L1 loss on")]
     assert len(l1) == 1 and graph[l1[0]]["reason"] == "L1 loss on at epoch 2", graph
-    after = [g for g in graph[l1[0]:] if g["action"] == "recapture"]
+    after = [g for g in graph[l1[0] :] if g["action"] == "recapture"]
     assert after and after[0]["reason"].startswith("re-captured: L1 loss on at epoch 2"), graph
     losses = [e["losses"] for e in ev if e["type"] == "epoch_end"]
     assert losses[0]["l1"] == 0.0 and losses[1]["l1"] > 0.0

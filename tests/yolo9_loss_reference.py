@@ -33,7 +33,11 @@ def ciou(box1, box2, eps=1e-7):
 def make_anchors(shapes, strides, device, dtype):
     points, stride_t = [], []
     for (h, w), s in zip(shapes, strides):
-        sy, sx = torch.meshgrid(torch.arange(h, device=device, dtype=dtype) + 0.5, torch.arange(w, device=device, dtype=dtype) + 0.5, indexing="ij")
+        sy, sx = torch.meshgrid(
+            torch.arange(h, device=device, dtype=dtype) + 0.5,
+            torch.arange(w, device=device, dtype=dtype) + 0.5,
+            indexing="ij",
+        )
         points.append(torch.stack((sx, sy), -1).view(-1, 2))
         stride_t.append(torch.full((h * w, 1), s, dtype=dtype, device=device))
     return torch.cat(points), torch.cat(stride_t)
@@ -91,8 +95,18 @@ def dfl(distri, target, reg_max):
     return -(lp * w_left + rp * (1.0 - w_left)).mean(-1)
 
 
-def detection_loss(raw, targets, mask, imgsz, batch_scale, head_weights=(1.0,), nc=80, strides=(8, 16, 32), reg_max=16,
-                   gains=(7.5, 0.5, 1.5)):
+def detection_loss(
+    raw,
+    targets,
+    mask,
+    imgsz,
+    batch_scale,
+    head_weights=(1.0,),
+    nc=80,
+    strides=(8, 16, 32),
+    reg_max=16,
+    gains=(7.5, 0.5, 1.5),
+):
     """DetectionLoss.__call__ with the default assigner settings and no DDP normaliser reducer."""
     raw = raw.float()
     H = len(head_weights)
@@ -103,13 +117,24 @@ def detection_loss(raw, targets, mask, imgsz, batch_scale, head_weights=(1.0,), 
     anchors_px = anchors * stride
     distri, logits = raw.transpose(1, 2).split((4 * reg_max, nc), -1)
     pred_boxes = dist2bbox(dfl_decode(distri, reg_max), anchors)
-    t_boxes, t_scores, fg = assign(logits.detach().sigmoid(), pred_boxes.detach() * stride, anchors_px, targets[..., 0].long(), targets[..., 1:5], mask)
+    t_boxes, t_scores, fg = assign(
+        logits.detach().sigmoid(),
+        pred_boxes.detach() * stride,
+        anchors_px,
+        targets[..., 0].long(),
+        targets[..., 1:5],
+        mask,
+    )
     normalizer = t_scores.unflatten(0, (H, -1)).sum((1, 2, 3)).clamp(min=1.0)
-    cls_sum = F.binary_cross_entropy_with_logits(logits, t_scores, reduction="none").unflatten(0, (H, -1)).sum((1, 2, 3))
+    cls_sum = (
+        F.binary_cross_entropy_with_logits(logits, t_scores, reduction="none").unflatten(0, (H, -1)).sum((1, 2, 3))
+    )
     weight = t_scores.sum(-1) * fg
     t_boxes = torch.where(fg.unsqueeze(-1), t_boxes / stride, pred_boxes.detach())
     t_dist = bbox2dist(anchors, t_boxes, reg_max)
-    per_anchor = torch.stack(((1.0 - ciou(pred_boxes, t_boxes)), dfl(distri, t_dist, reg_max)), -1) * weight.unsqueeze(-1)
+    per_anchor = torch.stack(((1.0 - ciou(pred_boxes, t_boxes)), dfl(distri, t_dist, reg_max)), -1) * weight.unsqueeze(
+        -1
+    )
     box_dfl = per_anchor.unflatten(0, (H, -1)).sum((1, 2))
     items = torch.stack((box_dfl[:, 0], cls_sum, box_dfl[:, 1]), 1) / normalizer.unsqueeze(1)
     g_box, g_cls, g_dfl = gains

@@ -55,7 +55,10 @@ class DataPicker(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog picker"):
-            yield Label(f"Pick a dataset yaml under {escape(str(self.root))} (enter: choose, escape: cancel)", classes="dialog-title")
+            yield Label(
+                f"Pick a dataset yaml under {escape(str(self.root))} (enter: choose, escape: cancel)",
+                classes="dialog-title",
+            )
             yield YamlTree(self.root)
 
     def on_directory_tree_file_selected(self, event: DirectoryTree.FileSelected) -> None:

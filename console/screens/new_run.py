@@ -63,7 +63,9 @@ class NewRunScreen(Screen):
         if key in command.FORM_KEYS:
             hint.update(f"[b]{key}[/b]: {escape(command.help_for(key))}")
         elif key == "more":
-            hint.update("[b]more[/b]: any other `libreyolo train` key as key=value, checked like the command line checks it")
+            hint.update(
+                "[b]more[/b]: any other `libreyolo train` key as key=value, checked like the command line checks it"
+            )
         else:
             hint.update(START_HINT)
 
@@ -78,8 +80,10 @@ class NewRunScreen(Screen):
             err.update(f"[b]![/b] {escape(str(e))}")
             err.add_class("error")
             return
-        cmd.update(f"[b]$[/b] {escape(command.command_line(self.args))}\n"
-                   f"[dim]run folder: a new one under {escape(str(self.project))} (exp, exp2, ...)[/dim]")
+        cmd.update(
+            f"[b]$[/b] {escape(command.command_line(self.args))}\n"
+            f"[dim]run folder: a new one under {escape(str(self.project))} (exp, exp2, ...)[/dim]"
+        )
         err.update("")
         err.remove_class("error")
 

@@ -109,8 +109,10 @@ class RunScreen(Screen):
         self.sub_title = self.run_dir.name
         self.query_one("#crash-note").display = False
         if not (self.run_dir / STDOUT_LOG).exists():
-            self.query_one(LogTail).write_line(f"no {STDOUT_LOG} yet: the console writes it for the runs it starts "
-                                               "(a run started with `libreyolo train` prints to its own terminal)")
+            self.query_one(LogTail).write_line(
+                f"no {STDOUT_LOG} yet: the console writes it for the runs it starts "
+                "(a run started with `libreyolo train` prints to its own terminal)"
+            )
         self.run_worker(self._follow_events, thread=True, group="tail-events")
         self.run_worker(self._follow_log, thread=True, group="tail-log")
         self.set_interval(0.25, self.redraw)  # (the first process check comes with on_screen_resume, right after mount)
@@ -190,8 +192,12 @@ class RunScreen(Screen):
         st = self.state.start
         if st is None:
             return ""
-        parts = [st["model"], st["device"] + (f" x{st['world_size']}" if st["world_size"] > 1 else ""),
-                 f"batch {st['batch']}", f"imgsz {st['imgsz']}"]
+        parts = [
+            st["model"],
+            st["device"] + (f" x{st['world_size']}" if st["world_size"] > 1 else ""),
+            f"batch {st['batch']}",
+            f"imgsz {st['imgsz']}",
+        ]
         if st["amp"]:
             parts.append(f"amp {st['amp_dtype']}")
         graphs = mode_short(self.state)
@@ -226,8 +232,10 @@ class RunScreen(Screen):
         if self.status == CRASHED:
             lines = last_lines(self.run_dir / STDOUT_LOG, 8)
             who = f"pid {self.record.pid}" if self.record else "the trainer"
-            note.update(f"[b]crashed[/b]: {who} exited without writing run_end. Last lines of stdout.log:\n"
-                        + escape("\n".join(lines) or "(empty)"))
+            note.update(
+                f"[b]crashed[/b]: {who} exited without writing run_end. Last lines of stdout.log:\n"
+                + escape("\n".join(lines) or "(empty)")
+            )
 
     def show_processes(self, alive: bool) -> None:
         panel = self.query_one(ProcessPanel)
@@ -264,10 +272,14 @@ class RunScreen(Screen):
             self.notify("this run is not running", severity="warning")
             return
         ladder = self.app.stop_ladder
-        later = "; ".join(f"{sig.name} if it is still running {wait:.0f} s later"
-                          for (sig, _), (_, wait) in zip(ladder[1:], ladder[:-1]))
-        detail = (f"{ladder[0][0].name} now: the trainer saves weights/last.pt and ends with status "
-                  f"'interrupted'. Then {later}.")
+        later = "; ".join(
+            f"{sig.name} if it is still running {wait:.0f} s later"
+            for (sig, _), (_, wait) in zip(ladder[1:], ladder[:-1])
+        )
+        detail = (
+            f"{ladder[0][0].name} now: the trainer saves weights/last.pt and ends with status "
+            f"'interrupted'. Then {later}."
+        )
         self.app.push_screen(ConfirmScreen(f"Stop {self.run_dir.name}?", detail), self._confirmed_stop)
 
     def _confirmed_stop(self, yes: bool | None) -> None:
@@ -280,8 +292,13 @@ class RunScreen(Screen):
         group = rec.pgid == rec.pid
 
         def work() -> StopResult:
-            return supervisor.stop(rec, self.app.stop_ladder, group=group, cancel=get_current_worker().cancelled_event,
-                                   on_signal=lambda name, t: self.post_message(StopProgress(name, t)))
+            return supervisor.stop(
+                rec,
+                self.app.stop_ladder,
+                group=group,
+                cancel=get_current_worker().cancelled_event,
+                on_signal=lambda name, t: self.post_message(StopProgress(name, t)),
+            )
 
         self.run_worker(work, thread=True, group="stop")
 

@@ -38,7 +38,8 @@ class RunsScreen(Screen):
     def on_mount(self) -> None:
         self.sub_title = f"runs in {self.project}"
         self.query_one("#runs-title", Static).update(
-            f"Runs under {self.project}: enter opens one (live runs are re-attached), n starts a new one.")
+            f"Runs under {self.project}: enter opens one (live runs are re-attached), n starts a new one."
+        )
         self.action_refresh()
         self.set_interval(REFRESH_S, self._poll)
 

@@ -31,8 +31,17 @@ def speed(v: float | None) -> str:
 
 
 def cells(r: EpochRow, terms: tuple[str, ...], with_eval: bool = True) -> tuple[str, ...]:
-    return (str(r.epoch + 1), *(num(r.losses.get(t)) for t in terms), num(r.precision), num(r.recall), num(r.map50),
-            num(r.map), duration(r.time_s), val_time(r, with_eval), speed(r.img_s))
+    return (
+        str(r.epoch + 1),
+        *(num(r.losses.get(t)) for t in terms),
+        num(r.precision),
+        num(r.recall),
+        num(r.map50),
+        num(r.map),
+        duration(r.time_s),
+        val_time(r, with_eval),
+        speed(r.img_s),
+    )
 
 
 def table_width(header: tuple[str, ...], rows: list[tuple[str, ...]], padding: int = 1) -> int:
@@ -66,7 +75,9 @@ class EpochTable(DataTable):
         rows = [r for _, r in sorted(state.rows.items())]
         shown = [cells(r, state.terms) for r in rows]
         if table_width(header, shown, self.cell_padding) > self.size.width - _SCROLLBAR:
-            shown = [cells(r, state.terms, with_eval=False) for r in rows]  # the evaluation time only where there is room
+            shown = [
+                cells(r, state.terms, with_eval=False) for r in rows
+            ]  # the evaluation time only where there is room
         if header == self._columns and shown == self._shown:
             return  # step events arrive often; the table only changes at epoch ends
         follow = self.cursor_row >= self.row_count - 1  # keep the newest epoch in view unless the user moved up

@@ -18,7 +18,13 @@ from console.widgets.fmt import mb
 
 EMPTY = "No CUDA-graph events: an eager run has none; a graph run reports its first capture after a few steps."
 # Failures stand out by a word as well as a colour.
-ACTION_STYLE = {"capture": "green", "recapture": "green", "fallback": "bold red", "invalidate": "yellow", "eager_shape": "cyan"}
+ACTION_STYLE = {
+    "capture": "green",
+    "recapture": "green",
+    "fallback": "bold red",
+    "invalidate": "yellow",
+    "eager_shape": "cyan",
+}
 
 
 def _modes(start: dict[str, Any]) -> tuple[str, str | None]:
@@ -70,8 +76,14 @@ WIDE = 110  # from this width each event is one table row; below it, its reason 
 
 def _fields(state: RunState, g: dict[str, Any]) -> tuple[str, ...]:
     shape = "x".join(map(str, g["shape"])) if g.get("shape") else "-"
-    return ("+" + _since(state, g), g["action"], g["mode"], shape, _delta(g.get("delta_allocated_mb")),
-            _delta(g.get("delta_reserved_mb")))
+    return (
+        "+" + _since(state, g),
+        g["action"],
+        g["mode"],
+        shape,
+        _delta(g.get("delta_allocated_mb")),
+        _delta(g.get("delta_reserved_mb")),
+    )
 
 
 def graph_table(state: RunState) -> Table:

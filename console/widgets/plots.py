@@ -50,7 +50,10 @@ class _Plot(PlotextPlot):
         """(marker, colour) for each of n curves in turn (both cycle past six curves)."""
         variables = self.app.theme_variables
         colors = [Color.parse(variables.get(name, "white")).rgb for name in _THEME_COLORS]
-        return [(_PLAIN_MARKERS[i % len(_PLAIN_MARKERS)] if self.app.no_color else "hd", colors[i % len(colors)]) for i in range(n)]
+        return [
+            (_PLAIN_MARKERS[i % len(_PLAIN_MARKERS)] if self.app.no_color else "hd", colors[i % len(colors)])
+            for i in range(n)
+        ]
 
 
 class LossPlot(_Plot):
@@ -79,7 +82,11 @@ class MetricsPlot(_Plot):
     """Validation precision, recall, mAP50 and mAP50-95 per epoch."""
 
     def data(self, state: RunState) -> tuple:
-        return tuple((r.epoch + 1, r.precision, r.recall, r.map50, r.map) for _, r in sorted(state.rows.items()) if r.map is not None)
+        return tuple(
+            (r.epoch + 1, r.precision, r.recall, r.map50, r.map)
+            for _, r in sorted(state.rows.items())
+            if r.map is not None
+        )
 
     def draw(self, rows: tuple) -> None:
         plt = self.plt

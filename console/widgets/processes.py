@@ -32,6 +32,10 @@ class ProcessPanel(Widget):
         for p in ranks:
             t.add_row(p.role, str(p.pid), f"{p.cpu_percent:.0f}%", f"{p.rss_mb:.0f} MB")
         if workers:
-            t.add_row(f"{len(workers)} loader worker{'s' if len(workers) != 1 else ''}", "",
-                      f"{sum(w.cpu_percent for w in workers):.0f}%", f"{sum(w.rss_mb for w in workers):.0f} MB")
+            t.add_row(
+                f"{len(workers)} loader worker{'s' if len(workers) != 1 else ''}",
+                "",
+                f"{sum(w.cpu_percent for w in workers):.0f}%",
+                f"{sum(w.rss_mb for w in workers):.0f} MB",
+            )
         return t

@@ -31,8 +31,12 @@ class ProgressPanel(Widget):
         line1 = f"{ep}  {bar(s.fraction, width)} {pct}{eta}"
         if last is None:
             return line1 + "\nno step yet"
-        parts = [f"{last['img_s']:.1f} img/s", f"data wait {last['data_frac'] * 100:.0f}%", f"{last['step_ms']:.1f} ms/step",
-                 f"lr {last['lr']:.3g}"]
+        parts = [
+            f"{last['img_s']:.1f} img/s",
+            f"data wait {last['data_frac'] * 100:.0f}%",
+            f"{last['step_ms']:.1f} ms/step",
+            f"lr {last['lr']:.3g}",
+        ]
         if last.get("gpu_mem_gb"):
             parts.append(f"mem {last['gpu_mem_gb']:.1f} GB")
         if s.mosaic is not None:

@@ -36,8 +36,11 @@ class RunForm(VerticalScroll):
                 yield Label(command.help_for(key), classes="form-help")
         with Horizontal(classes="form-row"):
             yield Label("more", classes="form-key")
-            yield Input(placeholder="other key=value pairs, e.g. lr0=0.02 cos_lr=true (libreyolo train --help)",
-                        id="field-more", compact=True)
+            yield Input(
+                placeholder="other key=value pairs, e.g. lr0=0.02 cos_lr=true (libreyolo train --help)",
+                id="field-more",
+                compact=True,
+            )
 
     def _control(self, key: str, value: str) -> Input | Select:
         wid = f"field-{key}"

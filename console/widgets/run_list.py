@@ -10,8 +10,15 @@ from textual.widgets import DataTable
 from console.runs import RunSummary
 
 # The state is always a word; colour only repeats it (NO_COLOR, 16 colours).
-STATUS_STYLE = {"live": "bold green", "finished": "", "early_stop": "cyan", "profiled": "cyan",
-                "interrupted": "yellow", "failed": "bold red", "crashed": "bold red"}
+STATUS_STYLE = {
+    "live": "bold green",
+    "finished": "",
+    "early_stop": "cyan",
+    "profiled": "cyan",
+    "interrupted": "yellow",
+    "failed": "bold red",
+    "crashed": "bold red",
+}
 COLUMNS = ("run", "state", "model", "epoch", "mAP50-95", "started")
 
 

@@ -12,10 +12,19 @@ from textual.widgets import Static
 from console.state import RunState
 
 # Each phase is drawn with its own character as well as its own colour, so the bar reads without colour.
-PHASE_STYLE = {"data": ("█", "red"), "to_device": ("▓", "yellow"), "forward": ("▒", "green"), "loss": ("░", "cyan"),
-               "backward": ("#", "blue"), "optimizer": ("=", "magenta"), "ema": ("-", "white")}
-EMPTY = ("No profile in this run. Start one with profile=true (the form's profile switch), or run "
-         "`libreyolo profile run ...`; the verdict, its evidence and the artifacts appear here.")
+PHASE_STYLE = {
+    "data": ("█", "red"),
+    "to_device": ("▓", "yellow"),
+    "forward": ("▒", "green"),
+    "loss": ("░", "cyan"),
+    "backward": ("#", "blue"),
+    "optimizer": ("=", "magenta"),
+    "ema": ("-", "white"),
+}
+EMPTY = (
+    "No profile in this run. Start one with profile=true (the form's profile switch), or run "
+    "`libreyolo profile run ...`; the verdict, its evidence and the artifacts appear here."
+)
 
 
 def phase_bar(phases: dict[str, float], width: int) -> Text:
@@ -52,7 +61,16 @@ def render_profile(p: dict, width: int) -> Group:
     for name, path in p["artifacts"].items():
         arts.append(f"\n  {name}: {path}")
     timeline = p["artifacts"].get("timeline") or next((v for v in p["artifacts"].values() if v.endswith(".html")), None)
-    parts = [title, stats, why, levers, Text("phases per step:", style="bold"), phase_bar(phases, max(width - 1, 10)), legend, arts]
+    parts = [
+        title,
+        stats,
+        why,
+        levers,
+        Text("phases per step:", style="bold"),
+        phase_bar(phases, max(width - 1, 10)),
+        legend,
+        arts,
+    ]
     if timeline:
         parts.append(Text(f"open the timeline in a browser: {timeline}", style="italic"))
     return Group(*parts)

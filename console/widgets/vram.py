@@ -25,14 +25,19 @@ def _change(before: float | None, after: float | None, delta: float | None) -> s
 
 def vram_view(state: RunState) -> Group:
     parts: list[Table | Text] = []
-    captures = [g for g in state.graphs if any(g.get(k) is not None for k in ("allocated_before_mb", "delta_allocated_mb"))]
+    captures = [
+        g for g in state.graphs if any(g.get(k) is not None for k in ("allocated_before_mb", "delta_allocated_mb"))
+    ]
     if captures:
         t = Table(title="graph captures", title_justify="left", box=None, padding=(0, 1), header_style="bold")
         for col in ("action", "allocated", "reserved"):
             t.add_column(col, no_wrap=True, min_width=9 if col == "action" else None)
         for g in captures:  # the shape and the reason are in the graph log above
-            t.add_row(g["action"], _change(g.get("allocated_before_mb"), g.get("allocated_after_mb"), g.get("delta_allocated_mb")),
-                      _change(g.get("reserved_before_mb"), g.get("reserved_after_mb"), g.get("delta_reserved_mb")))
+            t.add_row(
+                g["action"],
+                _change(g.get("allocated_before_mb"), g.get("allocated_after_mb"), g.get("delta_allocated_mb")),
+                _change(g.get("reserved_before_mb"), g.get("reserved_after_mb"), g.get("delta_reserved_mb")),
+            )
         parts.append(t)
     if state.vram:
         t = Table(title="peak per epoch", title_justify="left", box=None, padding=(0, 1), header_style="bold")
@@ -41,7 +46,11 @@ def vram_view(state: RunState) -> Group:
         prev = None
         for v in sorted(state.vram, key=lambda v: v["epoch"]):
             # a reserved peak that keeps growing epoch after epoch is the usual sign of fragmentation or a leak
-            grow = "" if prev is None else ("+" if v["peak_reserved_mb"] >= prev else "-") + mb(abs(v["peak_reserved_mb"] - prev))
+            grow = (
+                ""
+                if prev is None
+                else ("+" if v["peak_reserved_mb"] >= prev else "-") + mb(abs(v["peak_reserved_mb"] - prev))
+            )
             t.add_row(str(v["epoch"] + 1), mb(v["peak_allocated_mb"]), mb(v["peak_reserved_mb"]), grow, v["device"])
             prev = v["peak_reserved_mb"]
         parts.append(t)

@@ -27,7 +27,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from libreyolo.profiler.analysis import COPY_CATS, KERNEL_CATS, union_us
 
-LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")
+LAUNCH_NAMES = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaLaunchCooperativeKernel",
+)
 
 
 class RecordPhases:
@@ -117,6 +123,12 @@ def summarize(events: list[dict], steps: int, wall_us: float, use_cuda: bool) ->
     if use_cuda:
         out.update(busy_figures(kernels, wall_us, steps))
     else:
-        out.update({"gpu_busy_ms_per_step": None, "kernel_time_sum_ms_per_step": None, "profiled_wall_ms_per_step": wall_us / 1000 / steps,
-                    "gpu_busy_frac": None})
+        out.update(
+            {
+                "gpu_busy_ms_per_step": None,
+                "kernel_time_sum_ms_per_step": None,
+                "profiled_wall_ms_per_step": wall_us / 1000 / steps,
+                "gpu_busy_frac": None,
+            }
+        )
     return out

@@ -81,9 +81,18 @@ def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
-    kw = parse_kv(argv, {"data", "imgsz", "batch", "seed"}, {
-        "workers": _ints, "cache": _modes, "batches": int, "warmup": int, "mosaic": flag, "json": flag,
-    })
+    kw = parse_kv(
+        argv,
+        {"data", "imgsz", "batch", "seed"},
+        {
+            "workers": _ints,
+            "cache": _modes,
+            "batches": int,
+            "warmup": int,
+            "mosaic": flag,
+            "json": flag,
+        },
+    )
     as_json = kw.pop("json", False)
     report = bench(**kw, progress=not as_json)
     if as_json:
@@ -123,9 +132,20 @@ def bench(
         raise ConfigError(f"{dc.yaml_path}: train: no usable images to benchmark")
     pin = torch.cuda.is_available()
     report: dict[str, Any] = {
-        "cpu": cpu_name(), "cpus": cpu_count(), "torch": torch.__version__, "data": str(dc.yaml_path), "images": len(ls),
-        "imgsz": imgsz, "batch": batch, "batches": batches, "mosaic": mosaic, "pin_memory": pin, "results": [], "notes": [],
-        "date": time.strftime("%Y-%m-%d"), "load_avg": [_load_avg()],
+        "cpu": cpu_name(),
+        "cpus": cpu_count(),
+        "torch": torch.__version__,
+        "data": str(dc.yaml_path),
+        "images": len(ls),
+        "imgsz": imgsz,
+        "batch": batch,
+        "batches": batches,
+        "mosaic": mosaic,
+        "pin_memory": pin,
+        "results": [],
+        "notes": [],
+        "date": time.strftime("%Y-%m-%d"),
+        "load_avg": [_load_avg()],
     }
     for mode in cache:
         notes: list[str] = []
@@ -140,10 +160,18 @@ def bench(
             for w in workers:
                 wu = warmup if warmup is not None else 2 * w + 2
                 img_s, ms, cpu_ms = _time_loader(ds, batch, w, batches, wu, mosaic, seed, pin)
-                report["results"].append({
-                    "cache": mode, "used": src.mode if src is not None else "none", "workers": w, "img_s": round(img_s, 1),
-                    "ms_per_batch": round(ms, 2), "cpu_ms_per_img": round(cpu_ms, 2), "warmup_batches": wu, "cache_build_s": round(build_s, 2),
-                })
+                report["results"].append(
+                    {
+                        "cache": mode,
+                        "used": src.mode if src is not None else "none",
+                        "workers": w,
+                        "img_s": round(img_s, 1),
+                        "ms_per_batch": round(ms, 2),
+                        "cpu_ms_per_img": round(cpu_ms, 2),
+                        "warmup_batches": wu,
+                        "cache_build_s": round(build_s, 2),
+                    }
+                )
         finally:
             if src is not None:
                 src.close()
@@ -168,7 +196,9 @@ def _warm_page_cache(paths: list[str]) -> None:
             pass  # a missing entry is read (and decoded) by the loader as training would
 
 
-def _time_loader(ds: Any, batch: int, workers: int, batches: int, warmup: int, mosaic: bool, seed: int, pin: bool) -> tuple[float, float, float]:
+def _time_loader(
+    ds: Any, batch: int, workers: int, batches: int, warmup: int, mosaic: bool, seed: int, pin: bool
+) -> tuple[float, float, float]:
     """-> images/s, ms per batch and CPU ms per image over `batches` batches after `warmup`; epochs roll
     over as in training."""
     from libreyolo.data.loader import train_loader
@@ -220,17 +250,31 @@ def print_report(r: dict[str, Any]) -> None:
     console = Console(highlight=False)
     for note in r["notes"]:
         Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning:[/] {escape(note)}")
-    t = Table(title=f"data loader, {r['images']} images at imgsz {r['imgsz']}, batch {r['batch']}, mosaic {'on' if r['mosaic'] else 'off'}")
+    t = Table(
+        title=f"data loader, {r['images']} images at imgsz {r['imgsz']}, batch {r['batch']}, mosaic {'on' if r['mosaic'] else 'off'}"
+    )
     for col in ("cache", "workers", "img/s", "ms/batch", "CPU ms/img", "cache build s"):
         t.add_column(col, justify="left" if col == "cache" else "right")
     best = max(r["results"], key=lambda x: x["img_s"], default=None)
     for x in r["results"]:
         name = x["cache"] if x["used"] == x["cache"] else f"{x['cache']} (fell back to {x['used']})"
         style = "bold green" if x is best else None
-        t.add_row(name, str(x["workers"]), f"{x['img_s']:.1f}", f"{x['ms_per_batch']:.1f}", f"{x['cpu_ms_per_img']:.1f}", f"{x['cache_build_s']:.1f}" if x["cache"] != "none" else "-", style=style)
+        t.add_row(
+            name,
+            str(x["workers"]),
+            f"{x['img_s']:.1f}",
+            f"{x['ms_per_batch']:.1f}",
+            f"{x['cpu_ms_per_img']:.1f}",
+            f"{x['cache_build_s']:.1f}" if x["cache"] != "none" else "-",
+            style=style,
+        )
     console.print(t)
-    console.print(f"{r['cpus']} CPUs ({r['cpu']}), torch {r['torch']}, pin_memory {r['pin_memory']}, {r['batches']} timed batches per row after warm-up, "
-                  f"load average {r['load_avg'][0]} -> {r['load_avg'][1]}, {r['date']}")
-    console.print("CPU ms/img counts the training process and its workers: cores x 1000 / (CPU ms/img) is about what an "
-                  "otherwise idle machine feeds. A run is dataloader-bound when its step takes more images/s than this table "
-                  "gives at its workers (the profiler's dataloader verdict).")
+    console.print(
+        f"{r['cpus']} CPUs ({r['cpu']}), torch {r['torch']}, pin_memory {r['pin_memory']}, {r['batches']} timed batches per row after warm-up, "
+        f"load average {r['load_avg'][0]} -> {r['load_avg'][1]}, {r['date']}"
+    )
+    console.print(
+        "CPU ms/img counts the training process and its workers: cores x 1000 / (CPU ms/img) is about what an "
+        "otherwise idle machine feeds. A run is dataloader-bound when its step takes more images/s than this table "
+        "gives at its workers (the profiler's dataloader verdict)."
+    )

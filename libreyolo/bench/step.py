@@ -18,8 +18,27 @@ from libreyolo.cli.args import flag, parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import ConfigError
 
-MODES = {"eager": False, "graph": True, "full": "full", "compile": False, "compile-net": False}  # torch.compile experiments (bench only)
-KEYS = {"model", "batch", "imgsz", "device", "amp", "amp_dtype", "nbs", "channels_last", "seed", "aux", "optimizer", "cudnn_benchmark"}
+MODES = {
+    "eager": False,
+    "graph": True,
+    "full": "full",
+    "compile": False,
+    "compile-net": False,
+}  # torch.compile experiments (bench only)
+KEYS = {
+    "model",
+    "batch",
+    "imgsz",
+    "device",
+    "amp",
+    "amp_dtype",
+    "nbs",
+    "channels_last",
+    "seed",
+    "aux",
+    "optimizer",
+    "cudnn_benchmark",
+}
 
 
 def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -28,7 +47,9 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
     from libreyolo.data.labels import scan_labels
 
     dc = load_data_config("shapes")
-    ds = YOLODataset(scan_labels(list_images(dc.train), dc.nc), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed)
+    ds = YOLODataset(
+        scan_labels(list_images(dc.train), dc.nc), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed
+    )
     b = collate([ds[(i, 0, True)] for i in range(batch)])
     return {k: b[k].to(device) for k in ("img", "targets", "mask")}, dc.nc
 
@@ -57,7 +78,9 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
     return select_step(eager, parts, cfg, family, device, 1, emit or (lambda e: None))[0], parts
 
 
-def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc: int, steps: int, warmup: int, kernels: bool) -> dict[str, Any]:
+def bench_mode(
+    mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc: int, steps: int, warmup: int, kernels: bool
+) -> dict[str, Any]:
     notes: list[str] = []
     step, parts = make_runner(cfg, device, nc, mode, lambda e: notes.append(f"{e.action}: {e.reason}"))
     acc = parts.accumulate
@@ -67,7 +90,9 @@ def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc
         nonlocal n
         for _ in range(k):
             n += 1
-            items = step(data["img"], data["targets"], data["mask"], n % acc == 0, **({"phases": phases} if phases else {}))
+            items = step(
+                data["img"], data["targets"], data["mask"], n % acc == 0, **({"phases": phases} if phases else {})
+            )
             del items
 
     cuda = device.type == "cuda"
@@ -93,9 +118,15 @@ def bench_mode(mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc
             run(1)
             times.append((time.perf_counter() - t) * 1000)
     out: dict[str, Any] = {
-        "mode": mode, "median_ms": statistics.median(times), "min_ms": min(times), "steps": steps, "accumulate": acc, "warmup_s": warmup_s,
+        "mode": mode,
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "steps": steps,
+        "accumulate": acc,
+        "warmup_s": warmup_s,
         "peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
-        "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None, "notes": notes,
+        "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else None,
+        "notes": notes,
     }
     if kernels:
         from libreyolo.bench.kernels import count_kernels
@@ -115,8 +146,17 @@ def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
-        return show_help("bench step", KEYS, {"modes": "comma list of eager, graph, full, compile, compile-net (default: eager, graph, full; compile*: the eager step under torch.compile, an experiment)", "steps": "timed steps (>= 24)",
-                                               "warmup": "untimed steps first (default 16)", "kernels": "count kernels per step and phase (default true)", "json": "print JSON"})
+        return show_help(
+            "bench step",
+            KEYS,
+            {
+                "modes": "comma list of eager, graph, full, compile, compile-net (default: eager, graph, full; compile*: the eager step under torch.compile, an experiment)",
+                "steps": "timed steps (>= 24)",
+                "warmup": "untimed steps first (default 16)",
+                "kernels": "count kernels per step and phase (default true)",
+                "json": "print JSON",
+            },
+        )
     kw = parse_kv(argv, KEYS, extra)
     modes = [m.strip() for m in kw.pop("modes", "eager,graph,full").split(",")]
     bad = [m for m in modes if m not in MODES]
@@ -145,9 +185,19 @@ def run(argv: list[str]) -> int:
     from libreyolo.engine.amp import resolve_amp
 
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # what the steps ran in (on a CPU: float32, whatever amp says)
-    meta = {"model": cfg.model, "batch": cfg.batch, "imgsz": cfg.imgsz, "amp": amp.enabled, "amp_dtype": amp.dtype, "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "targets_capacity": int(data["targets"].shape[1]), "cudnn_benchmark": cudnn_benchmark, "date": time.strftime("%Y-%m-%d")}
+    meta = {
+        "model": cfg.model,
+        "batch": cfg.batch,
+        "imgsz": cfg.imgsz,
+        "amp": amp.enabled,
+        "amp_dtype": amp.dtype,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "targets_capacity": int(data["targets"].shape[1]),
+        "cudnn_benchmark": cudnn_benchmark,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     if as_json:
         print(json.dumps({"meta": meta, "results": results}))
         return 0
@@ -158,9 +208,15 @@ def run(argv: list[str]) -> int:
     for c in ("mode", "median ms", "min ms", "x eager", "kernels/step", "GPU busy (profiled)", "peak alloc GiB"):
         t.add_column(c, justify="right")
     for r in results:
-        t.add_row(r["mode"], f"{r['median_ms']:.1f}", f"{r['min_ms']:.1f}", f"{r['speedup_vs_eager']:.2f}" if r["speedup_vs_eager"] else "-",
-                  f"{r.get('kernels_per_step', 0):.0f}", f"{r['gpu_busy_frac']:.0%}" if r.get("gpu_busy_frac") else "-",
-                  f"{r['peak_allocated_gb']:.2f}" if r["peak_allocated_gb"] is not None else "-")
+        t.add_row(
+            r["mode"],
+            f"{r['median_ms']:.1f}",
+            f"{r['min_ms']:.1f}",
+            f"{r['speedup_vs_eager']:.2f}" if r["speedup_vs_eager"] else "-",
+            f"{r.get('kernels_per_step', 0):.0f}",
+            f"{r['gpu_busy_frac']:.0%}" if r.get("gpu_busy_frac") else "-",
+            f"{r['peak_allocated_gb']:.2f}" if r["peak_allocated_gb"] is not None else "-",
+        )
     c = Console()
     c.print(t)
     for r in results:
@@ -169,7 +225,9 @@ def run(argv: list[str]) -> int:
         if r.get("per_phase"):
             c.print(f"  {r['mode']} kernels per phase: " + ", ".join(f"{k} {v:.0f}" for k, v in r["per_phase"].items()))
         if r.get("gpu_busy_frac") is not None:
-            c.print(f"  {r['mode']} profiled window, per step: wall {r['profiled_wall_ms_per_step']:.1f} ms, GPU busy {r['gpu_busy_ms_per_step']:.1f} ms "
-                    f"(union of kernel intervals; kernel durations sum to {r['kernel_time_sum_ms_per_step']:.1f} ms), "
-                    f"{r['copies_per_step']:.0f} copies/memsets {r['copy_time_ms_per_step']:.2f} ms")
+            c.print(
+                f"  {r['mode']} profiled window, per step: wall {r['profiled_wall_ms_per_step']:.1f} ms, GPU busy {r['gpu_busy_ms_per_step']:.1f} ms "
+                f"(union of kernel intervals; kernel durations sum to {r['kernel_time_sum_ms_per_step']:.1f} ms), "
+                f"{r['copies_per_step']:.0f} copies/memsets {r['copy_time_ms_per_step']:.2f} ms"
+            )
     return 0

@@ -25,17 +25,38 @@ STAGES = ("loader", "forward", "loss", "postprocess", "to_host", "coco_eval")
 
 
 def run(argv: list[str]) -> int:
-    extra = {"split": str, "json": flag, "static": flag, "graph": flag, "eval_workers": int, "nms_chunk": int, "nms_prefix": int}
+    extra = {
+        "split": str,
+        "json": flag,
+        "static": flag,
+        "graph": flag,
+        "eval_workers": int,
+        "nms_chunk": int,
+        "nms_prefix": int,
+    }
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
-        return show_help("bench val", KEYS, {"split": "val (default) or test", "static": "pad every batch to batch= (one input shape)",
-                                              "graph": "forward and loss replayed from a CUDA graph, as training validates (default: true on CUDA; implies static)",
-                                              "eval_workers": "processes for a large COCO evaluation (default: up to 8, by CPUs)",
-                                              "nms_chunk": "boxes per NMS call on CUDA (nn/nms.py CUDA_BOXES_PER_CALL)",
-                                              "nms_prefix": "the first NMS round's minimum candidates per image (nn/nms.py PREFIX_MIN)", "json": "print JSON"})
+        return show_help(
+            "bench val",
+            KEYS,
+            {
+                "split": "val (default) or test",
+                "static": "pad every batch to batch= (one input shape)",
+                "graph": "forward and loss replayed from a CUDA graph, as training validates (default: true on CUDA; implies static)",
+                "eval_workers": "processes for a large COCO evaluation (default: up to 8, by CPUs)",
+                "nms_chunk": "boxes per NMS call on CUDA (nn/nms.py CUDA_BOXES_PER_CALL)",
+                "nms_prefix": "the first NMS round's minimum candidates per image (nn/nms.py PREFIX_MIN)",
+                "json": "print JSON",
+            },
+        )
     kw = parse_kv(argv, KEYS, extra)
-    as_json, split, static, graph = kw.pop("json", False), kw.pop("split", "val"), kw.pop("static", False), kw.pop("graph", None)
+    as_json, split, static, graph = (
+        kw.pop("json", False),
+        kw.pop("split", "val"),
+        kw.pop("static", False),
+        kw.pop("graph", None),
+    )
     eval_workers = kw.pop("eval_workers", None)
     from libreyolo.nn import nms
 
@@ -51,8 +72,13 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_workers: int | None = None,
-              graph: bool | None = None) -> dict[str, Any]:
+def bench_val(
+    cfg: TrainConfig,
+    split: str = "val",
+    static: bool = False,
+    eval_workers: int | None = None,
+    graph: bool | None = None,
+) -> dict[str, Any]:
     from libreyolo import LibreYOLO
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import YOLODataset
@@ -84,14 +110,32 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     net = model.net.to(device).eval()
     loss_fn = model.family.loss(net, TrainConfig.from_overrides({}, family=model.family))  # the family's own loss gains
-    loader = ValLoader(YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda", persistent=True)
+    loader = ValLoader(
+        YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda", persistent=True
+    )
     graph = device.type == "cuda" if graph is None else graph and device.type == "cuda"
     static = static or graph
-    eval_graph = EvalGraph(net, loss_fn, amp.autocast_dtype, capacity(max(map(len, ls.labels), default=0))) if graph else None
+    eval_graph = (
+        EvalGraph(net, loss_fn, amp.autocast_dtype, capacity(max(map(len, ls.labels), default=0))) if graph else None
+    )
 
     def validation(stages: Stages | None = None) -> dict[str, Any]:
-        return start_validation(net, model.family, loader, device, model.names, loss_fn, cfg.conf, cfg.iou, cfg.max_det, amp.autocast_dtype,
-                                static_shape=static, eval_workers=eval_workers, stages=stages, graph=eval_graph).result()
+        return start_validation(
+            net,
+            model.family,
+            loader,
+            device,
+            model.names,
+            loss_fn,
+            cfg.conf,
+            cfg.iou,
+            cfg.max_det,
+            amp.autocast_dtype,
+            static_shape=static,
+            eval_workers=eval_workers,
+            stages=stages,
+            graph=eval_graph,
+        ).result()
 
     try:
         # 1. the loader alone
@@ -105,8 +149,21 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
         # warm-up: one batch through the network
         t = time.perf_counter()
         if warm is not None:
-            with torch.no_grad(), torch.autocast(device.type, dtype=amp.autocast_dtype or torch.float32, enabled=amp.autocast_dtype is not None):
-                model.family.postprocess(net, net(to_input(warm["img"], device)), (cfg.imgsz, cfg.imgsz), cfg.conf, cfg.iou, cfg.max_det, True)
+            with (
+                torch.no_grad(),
+                torch.autocast(
+                    device.type, dtype=amp.autocast_dtype or torch.float32, enabled=amp.autocast_dtype is not None
+                ),
+            ):
+                model.family.postprocess(
+                    net,
+                    net(to_input(warm["img"], device)),
+                    (cfg.imgsz, cfg.imgsz),
+                    cfg.conf,
+                    cfg.iou,
+                    cfg.max_det,
+                    True,
+                )
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         warmup_s = time.perf_counter() - t
@@ -126,18 +183,48 @@ def bench_val(cfg: TrainConfig, split: str = "val", static: bool = False, eval_w
     images = plain["images"]
     from libreyolo.nn import nms
 
-    meta = {"model": model.model_name, "nms_chunk": nms.CUDA_BOXES_PER_CALL, "nms_prefix": nms.PREFIX_MIN, "trained": model.trained, "data": str(dc.yaml_path), "split": split, "imgsz": cfg.imgsz, "batch": batch,
-            "workers": workers, "eval_workers": eval_workers, "static": static, "graph": graph,
-            "graph_error": eval_graph.error if eval_graph is not None else None, "conf": cfg.conf, "iou": cfg.iou, "max_det": cfg.max_det,
-            "amp": amp.enabled, "amp_dtype": amp.dtype, "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    meta = {
+        "model": model.model_name,
+        "nms_chunk": nms.CUDA_BOXES_PER_CALL,
+        "nms_prefix": nms.PREFIX_MIN,
+        "trained": model.trained,
+        "data": str(dc.yaml_path),
+        "split": split,
+        "imgsz": cfg.imgsz,
+        "batch": batch,
+        "workers": workers,
+        "eval_workers": eval_workers,
+        "static": static,
+        "graph": graph,
+        "graph_error": eval_graph.error if eval_graph is not None else None,
+        "conf": cfg.conf,
+        "iou": cfg.iou,
+        "max_det": cfg.max_det,
+        "amp": amp.enabled,
+        "amp_dtype": amp.dtype,
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     return {
         "meta": meta,
         "images": images,
         "detections": plain["detections"],
-        "loader": {"images": n_images, "seconds": loader_s, "img_s": n_images / max(loader_s, 1e-9), "first_batch_s": first_s, "warmup_s": warmup_s},
+        "loader": {
+            "images": n_images,
+            "seconds": loader_s,
+            "img_s": n_images / max(loader_s, 1e-9),
+            "first_batch_s": first_s,
+            "warmup_s": warmup_s,
+        },
         "stages": {"seconds": seconds, "total_s": staged_total, "img_s": images / max(staged_total, 1e-9)},
-        "end_to_end": {"seconds": e2e, "img_s": images / max(e2e, 1e-9), "time_s": plain["time_s"], "eval_s": plain["eval_s"]},
+        "end_to_end": {
+            "seconds": e2e,
+            "img_s": images / max(e2e, 1e-9),
+            "time_s": plain["time_s"],
+            "eval_s": plain["eval_s"],
+        },
         "metrics": {k: plain[k] for k in ("precision", "recall", "map50", "map")},
         "losses": plain["losses"],
     }
@@ -148,7 +235,9 @@ def _print_table(r: dict[str, Any]) -> None:
     from rich.table import Table
 
     m = r["meta"]
-    t = Table(title=f"bench val: {m['model']} on {r['images']} images, batch {m['batch']}, imgsz {m['imgsz']}, {m['amp_dtype']} on {m['gpu']}")
+    t = Table(
+        title=f"bench val: {m['model']} on {r['images']} images, batch {m['batch']}, imgsz {m['imgsz']}, {m['amp_dtype']} on {m['gpu']}"
+    )
     for c in ("stage", "seconds", "share", "img/s"):
         t.add_column(c, justify="right")
     total = r["stages"]["total_s"]
@@ -160,6 +249,8 @@ def _print_table(r: dict[str, Any]) -> None:
     c = Console()
     c.print(t)
     ld = r["loader"]
-    c.print(f"  loader alone: {ld['img_s']:.0f} img/s ({m['workers']} workers, first batch {ld['first_batch_s']:.2f} s); "
-            f"end to end: {e['time_s']:.3f} s holding the caller + {e['eval_s']:.3f} s COCO evaluation; {r['detections']:,} detections")
+    c.print(
+        f"  loader alone: {ld['img_s']:.0f} img/s ({m['workers']} workers, first batch {ld['first_batch_s']:.2f} s); "
+        f"end to end: {e['time_s']:.3f} s holding the caller + {e['eval_s']:.3f} s COCO evaluation; {r['detections']:,} detections"
+    )
     c.print(f"  mAP50 {r['metrics']['map50']:.4f}  mAP50-95 {r['metrics']['map']:.4f}")

@@ -43,7 +43,9 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
     from libreyolo.data.labels import cache_path_for, scan_labels
 
     if cache not in (False, "disk"):
-        raise ConfigError(f"cache={'ram' if cache is True else cache} lives only as long as a training run; `data prepare` builds cache=disk (or none)")
+        raise ConfigError(
+            f"cache={'ram' if cache is True else cache} lives only as long as a training run; `data prepare` builds cache=disk (or none)"
+        )
     out, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
     dc = load_data_config(data)
     table = Table(title=f"{dc.yaml_path} at imgsz {imgsz}")
@@ -69,7 +71,14 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
             where = "none (see above)" if src is None else f"{src.written} new, {src.reused} kept"
         else:
             # the label scan only reads headers; decoding every image is what training will do
-            bad += decode_all([str(f) for f in ls.files], [max(s) for s in ls.shapes], imgsz, lambda i, img: None, f"decoding {split} images", threads)
+            bad += decode_all(
+                [str(f) for f in ls.files],
+                [max(s) for s in ls.shapes],
+                imgsz,
+                lambda i, img: None,
+                f"decoding {split} images",
+                threads,
+            )
             where = "-"
         for note in notes:
             err.print(f"[yellow]warning:[/] {escape(note)}")
@@ -77,7 +86,16 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
             err.print(f"[red]bad[/] {escape(f)}: {escape(why)}")
         n_bad += len(bad)
         boxes = sum(len(x) for x in ls.labels)
-        table.add_row(split, str(len(images)), str(len(images) - len(bad)), str(len(bad)), str(ls.backgrounds), str(boxes), fmt_bytes(size), where)
+        table.add_row(
+            split,
+            str(len(images)),
+            str(len(images) - len(bad)),
+            str(len(bad)),
+            str(ls.backgrounds),
+            str(boxes),
+            fmt_bytes(size),
+            where,
+        )
         out.print(f"{split}: label cache {escape(str(cache_path_for(images)))}")
     out.print(table)
     out.print(f"{n_bad} bad file(s); they are skipped in training." if n_bad else "every image and label is usable.")
@@ -93,9 +111,13 @@ def shapes(out: str | None = None, n_train: int = 2000, n_val: int = 200, size: 
     if path.exists() and any(path.iterdir()):
         raise ConfigError(f"out={path} exists and is not empty; choose a new folder (the generator never overwrites)")
     if min(n_train, n_val) < 1 or size < 32:
-        raise ConfigError(f"n_train={n_train} n_val={n_val} size={size}: need at least one image per split and size >= 32")
+        raise ConfigError(
+            f"n_train={n_train} n_val={n_val} size={size}: need at least one image per split and size >= 32"
+        )
     if path.exists():
         path.rmdir()  # make_shapes builds aside and renames into place, which needs the name free
     yaml_path = make_shapes(path, n_train, n_val, size, seed)
-    Console(highlight=False).print(f"wrote {n_train} train / {n_val} val images of {size} px to {path}; train with data={yaml_path}")
+    Console(highlight=False).print(
+        f"wrote {n_train} train / {n_val} val images of {size} px to {path}; train with data={yaml_path}"
+    )
     return 0

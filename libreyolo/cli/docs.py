@@ -7,15 +7,20 @@ from libreyolo.data.shapes import DEMO_SETTINGS
 from libreyolo.families import get_family
 
 GROUPS = {
-    "run": "Run", "optim": "Optimisation", "loss": "Loss", "augment": "Augmentation",
-    "speed": "Performance", "profile": "Profiler", "val": "Validation and prediction",
+    "run": "Run",
+    "optim": "Optimisation",
+    "loss": "Loss",
+    "augment": "Augmentation",
+    "speed": "Performance",
+    "profile": "Profiler",
+    "val": "Validation and prediction",
 }
 
 
 def group_title(group: str) -> str:
     """A spec group's heading; a family's own keys are headed by the family and its model names."""
     if group.startswith("family:"):
-        fam = get_family(group[len("family:"):])
+        fam = get_family(group[len("family:") :])
         return f"{fam.name} family keys ({', '.join(fam.models)})"
     return GROUPS.get(group, group)
 

@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         import difflib
 
         near = difflib.get_close_matches(cmd, list(COMMANDS), n=1)
-        console.print(f"[red]error:[/] unknown command {cmd!r}" + (f"; did you mean {near[0]!r}?" if near else "") + f"\n{escape(USAGE)}")
+        console.print(
+            f"[red]error:[/] unknown command {cmd!r}"
+            + (f"; did you mean {near[0]!r}?" if near else "")
+            + f"\n{escape(USAGE)}"
+        )
         return 2
     import importlib
 

@@ -16,7 +16,15 @@ KEYS = {"model", "imgsz", "device", "conf", "iou", "max_det", "project", "name"}
 
 def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
-        return show_help("predict", KEYS, {"source": "image, folder of images, or a comma-free list", "save": "write annotated images to runs/predict/exp", "json": "print detections as JSON lines"})
+        return show_help(
+            "predict",
+            KEYS,
+            {
+                "source": "image, folder of images, or a comma-free list",
+                "save": "write annotated images to runs/predict/exp",
+                "json": "print detections as JSON lines",
+            },
+        )
     kw = parse_kv(argv, KEYS, {"source": str, "save": flag, "json": flag})
     from libreyolo import LibreYOLO
     from libreyolo.errors import ConfigError
@@ -40,7 +48,15 @@ def run(argv: list[str]) -> int:
             for d in dets:
                 x1, y1, x2, y2 = (int(v) for v in d["box"])
                 cv2.rectangle(img, (x1, y1), (x2, y2), (0, 255, 0), 2)
-                cv2.putText(img, f"{d['name']} {d['score']:.2f}", (x1, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 255, 0), 1)
+                cv2.putText(
+                    img,
+                    f"{d['name']} {d['score']:.2f}",
+                    (x1, max(y1 - 4, 10)),
+                    cv2.FONT_HERSHEY_SIMPLEX,
+                    0.45,
+                    (0, 255, 0),
+                    1,
+                )
             cv2.imwrite(str(out_dir / Path(r.path or "image.jpg").name), img)
     if out_dir is not None:
         print(f"saved to {out_dir}")

@@ -42,15 +42,21 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", help=helps["workers"])
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help=helps["amp"])
     p.add_argument("--amp-dtype", dest="amp_dtype", help=helps["amp_dtype"])
-    p.add_argument("--cuda-graph", dest="cuda_graph", nargs="?", const="true", help="true (the network) or full (the whole step)")
+    p.add_argument(
+        "--cuda-graph", dest="cuda_graph", nargs="?", const="true", help="true (the network) or full (the whole step)"
+    )
     p.add_argument("--steps", type=int, default=20, help="measured steps (two halves)")
     p.add_argument("--warmup", type=int, default=5, help="steps discarded first")
     p.add_argument("--device", help=helps["device"])
     p.add_argument("--repeat", type=int, default=1, help="N trials into prof_1..prof_N and profile_repeat.json")
-    p.add_argument("--try", dest="try_lever", action="store_true", help="apply the verdict's first lever and measure again")
+    p.add_argument(
+        "--try", dest="try_lever", action="store_true", help="apply the verdict's first lever and measure again"
+    )
     p.add_argument("--project", default="runs/profile")
     p.add_argument("--name", default="exp")
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (training output goes to stderr)")
+    p.add_argument(
+        "--json", action="store_true", help="print the result as JSON on stdout (training output goes to stderr)"
+    )
     p.add_argument("keys", nargs="*", help="any other training key=value (e.g. mosaic=0 cache=ram)")
     return p
 
@@ -78,10 +84,23 @@ def cmd_run(argv: list[str]) -> int:
 
     a = _run_parser().parse_intermixed_args(argv)  # key=value pairs may come before or after the flags
     if a.repeat < 1 or a.steps < 1 or a.warmup < 0:
-        raise ConfigError(f"--repeat {a.repeat} --steps {a.steps} --warmup {a.warmup}: repeat and steps must be >= 1, warmup >= 0")
+        raise ConfigError(
+            f"--repeat {a.repeat} --steps {a.steps} --warmup {a.warmup}: repeat and steps must be >= 1, warmup >= 0"
+        )
     overrides = parse_kv(a.keys)
-    flags = {"model": a.model, "data": a.data, "batch": a.batch, "imgsz": a.imgsz, "workers": a.workers, "amp": a.amp,
-             "amp_dtype": a.amp_dtype, "cuda_graph": a.cuda_graph, "device": a.device, "profile_steps": a.steps, "profile_warmup": a.warmup}
+    flags = {
+        "model": a.model,
+        "data": a.data,
+        "batch": a.batch,
+        "imgsz": a.imgsz,
+        "workers": a.workers,
+        "amp": a.amp,
+        "amp_dtype": a.amp_dtype,
+        "cuda_graph": a.cuda_graph,
+        "device": a.device,
+        "profile_steps": a.steps,
+        "profile_warmup": a.warmup,
+    }
     overrides.update({k: v for k, v in flags.items() if v is not None})
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
         result = run_profile(overrides, a.project, a.name, a.repeat, a.try_lever)
@@ -92,13 +111,23 @@ def cmd_run(argv: list[str]) -> int:
 
     console = report_console()
     if a.repeat > 1:
-        t = Table(title=f"{a.repeat} trials ({result['repeat']})", title_justify="left", box=None, padding=(0, 2), header_style="bold")
+        t = Table(
+            title=f"{a.repeat} trials ({result['repeat']})",
+            title_justify="left",
+            box=None,
+            padding=(0, 2),
+            header_style="bold",
+        )
         for col in ("trial", "verdict", "step ms", "img/s"):
             t.add_column(col, justify="left" if col in ("trial", "verdict") else "right")
         for tr in result["trials"]:
             t.add_row(tr["run_dir"], tr["verdict"], f"{tr['step_ms']:.1f}", f"{tr['img_s']:.1f}")
-        t.add_row("mean ± std", result["verdict"], f"{result['step_ms']['mean']:.1f} ± {result['step_ms']['std']:.1f}",
-                  f"{result['img_s']['mean']:.1f} ± {result['img_s']['std']:.1f}")
+        t.add_row(
+            "mean ± std",
+            result["verdict"],
+            f"{result['step_ms']['mean']:.1f} ± {result['step_ms']['std']:.1f}",
+            f"{result['img_s']['mean']:.1f} ± {result['img_s']['std']:.1f}",
+        )
         console.print(t)
     if result["try"] is not None:
         _print_try(console, result["try"])
@@ -110,12 +139,19 @@ def _print_try(console: Console, tr: dict[str, Any]) -> None:
         console.print(f"--try: {tr['note']}")
         return
     lever = " ".join(f"{k}={v}" for k, v in tr["lever"].items())
-    t = Table(title=f"--try {lever} ({tr['lever_text']})", title_justify="left", box=None, padding=(0, 2), header_style="bold")
+    t = Table(
+        title=f"--try {lever} ({tr['lever_text']})", title_justify="left", box=None, padding=(0, 2), header_style="bold"
+    )
     for col in ("", "before", "after", "after / before"):
         t.add_column(col, justify="left" if not col else "right")
     b, a = tr["before"], tr["after"]
     t.add_row("verdict", b["verdict"], a["verdict"], "")
-    t.add_row("step ms", f"{b['step_ms']['mean']:.2f}", f"{a['step_ms']['mean']:.2f}", f"{a['step_ms']['mean'] / b['step_ms']['mean']:.2f}x")
+    t.add_row(
+        "step ms",
+        f"{b['step_ms']['mean']:.2f}",
+        f"{a['step_ms']['mean']:.2f}",
+        f"{a['step_ms']['mean'] / b['step_ms']['mean']:.2f}x",
+    )
     t.add_row("img/s", f"{b['img_s']['mean']:.1f}", f"{a['img_s']['mean']:.1f}", f"{tr['speedup']:.2f}x")
     console.print(t)
     console.print(f"  written to {tr['path']}")
@@ -142,7 +178,9 @@ def cmd_file(cmd: str, argv: list[str]) -> int:
         console.print(report.phases_table(p))
     else:
         if a.phase is not None and a.phase not in {r["name"] for r in p["phases"]} | {"other", "copy"}:
-            raise ConfigError(f"--phase {a.phase!r}: not a phase of this profile; use one of {', '.join(r['name'] for r in p['phases'])}, other, copy")
+            raise ConfigError(
+                f"--phase {a.phase!r}: not a phase of this profile; use one of {', '.join(r['name'] for r in p['phases'])}, other, copy"
+            )
         rows = report.select_kernels(p, a.top, a.phase, a.grep, a.sort)
         if a.json:
             _print_json(rows)
@@ -164,4 +202,6 @@ def run(argv: list[str]) -> int:
         return cmd_run(rest)
     if cmd in ("summary", "phases", "kernels"):
         return cmd_file(cmd, rest)
-    raise ConfigError(f"unknown profile command {cmd!r}; use run, summary, phases or kernels (libreyolo profile --help)")
+    raise ConfigError(
+        f"unknown profile command {cmd!r}; use run, summary, phases or kernels (libreyolo profile --help)"
+    )

@@ -35,7 +35,9 @@ def letterbox(img: np.ndarray, imgsz: int) -> tuple[np.ndarray, float, tuple[int
     return out, r, (px, py)
 
 
-def mosaic4(load: Callable[[int], tuple[np.ndarray, np.ndarray]], indices: list[int], imgsz: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def mosaic4(
+    load: Callable[[int], tuple[np.ndarray, np.ndarray]], indices: list[int], imgsz: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Four images around a random centre on a 2*imgsz canvas; the affine step crops it back to imgsz."""
     s = imgsz
     xc, yc = (int(rng.uniform(s * 0.5, s * 1.5)) for _ in range(2))
@@ -104,7 +106,9 @@ def random_affine(
     return out, boxes
 
 
-def _box_candidates(before: np.ndarray, after: np.ndarray, min_px: float = 2.0, min_area: float = 0.1, max_ar: float = 100.0) -> np.ndarray:
+def _box_candidates(
+    before: np.ndarray, after: np.ndarray, min_px: float = 2.0, min_area: float = 0.1, max_ar: float = 100.0
+) -> np.ndarray:
     """Keep boxes still at least 2 px wide/high, with 10% of their (scaled) area left and sane aspect."""
     w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
     w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]

@@ -53,12 +53,16 @@ def ram_refusal(need: int, folder: Path, available: int | None = None, total: in
     total = vm.total if total is None else total
     reserve = ram_reserve(total)
     if need + reserve > available:
-        return (f"it needs {fmt_bytes(need)} but {fmt_bytes(available)} of memory is available (psutil) and "
-                f"{fmt_bytes(reserve)} must stay free for training")
+        return (
+            f"it needs {fmt_bytes(need)} but {fmt_bytes(available)} of memory is available (psutil) and "
+            f"{fmt_bytes(reserve)} must stay free for training"
+        )
     free = _free_bytes(folder)
     if need + GiB > free:  # the loader's batches also travel through /dev/shm
-        return (f"it needs {fmt_bytes(need)} but {folder} has {fmt_bytes(free)} free (in a container, a larger "
-                f"--shm-size; Docker's default is 64 MB)")
+        return (
+            f"it needs {fmt_bytes(need)} but {folder} has {fmt_bytes(free)} free (in a container, a larger "
+            f"--shm-size; Docker's default is 64 MB)"
+        )
     return None
 
 
@@ -105,13 +109,27 @@ def open_image_cache(
     desc = f"caching {split} images ({len(files)}, imgsz {imgsz})"
     source: ImageSource | None = None
     if mode in ("ram", "auto"):
-        got = open_ram_cache(files, labels.shapes, labels.stamps, imgsz, desc, lambda n, f: ram_refusal(n, f, available), notes, threads, progress)
+        got = open_ram_cache(
+            files,
+            labels.shapes,
+            labels.stamps,
+            imgsz,
+            desc,
+            lambda n, f: ram_refusal(n, f, available),
+            notes,
+            threads,
+            progress,
+        )
         if isinstance(got, str) and mode == "auto":
-            notes.append(f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache (cache=disk caches on disk).")
+            notes.append(
+                f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache (cache=disk caches on disk)."
+            )
             return None
         if isinstance(got, str):
-            notes.append(f"cache=ram for the {split} images (imgsz {imgsz}): {got}; caching on disk instead. "
-                         f"Set cache=disk to skip this check, lower imgsz, or free memory.")
+            notes.append(
+                f"cache=ram for the {split} images (imgsz {imgsz}): {got}; caching on disk instead. "
+                f"Set cache=disk to skip this check, lower imgsz, or free memory."
+            )
             mode = "disk"
         else:
             source = got
@@ -123,7 +141,11 @@ def open_image_cache(
         source = got
         if got.write_errors:
             f, err = got.write_errors[0]
-            notes.append(f"cache=disk: {len(got.write_errors)} {split} entries could not be written (first: {f}: {err}); those images are decoded each time")
+            notes.append(
+                f"cache=disk: {len(got.write_errors)} {split} entries could not be written (first: {f}: {err}); those images are decoded each time"
+            )
     for f, why in source.bad if note_bad else []:
-        notes.append(f"{split}: {f} could not be decoded while caching ({why}); it is skipped (replaced by its neighbour) when met")
+        notes.append(
+            f"{split}: {f} could not be decoded while caching ({why}); it is skipped (replaced by its neighbour) when met"
+        )
     return source

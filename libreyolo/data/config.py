@@ -45,7 +45,9 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
         return cfg
     path = Path(s).expanduser()
     if not path.is_file():
-        raise DataError(f"dataset yaml {path} does not exist. Pass data=PATH/TO/dataset.yaml, or data=shapes for the built-in dataset.")
+        raise DataError(
+            f"dataset yaml {path} does not exist. Pass data=PATH/TO/dataset.yaml, or data=shapes for the built-in dataset."
+        )
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
@@ -60,7 +62,9 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     names = _names(raw, path)
     for key in ("train", "val"):
         if not raw.get(key):
-            raise DataError(f"{path}: key {key!r} is missing; it names a folder of images, a .txt list of images, or a list of either")
+            raise DataError(
+                f"{path}: key {key!r} is missing; it names a folder of images, a .txt list of images, or a list of either"
+            )
     return DataConfig(
         yaml_path=path,
         root=root,

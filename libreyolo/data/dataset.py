@@ -35,7 +35,15 @@ class AugmentConfig:
 class YOLODataset(Dataset):
     """Index with an int (validation: letterbox only) or with (index, epoch, mosaic) from the train sampler."""
 
-    def __init__(self, labels: LabelSet, imgsz: int, augment: bool, hyp: AugmentConfig | None = None, seed: int = 0, image_source: Any = None):
+    def __init__(
+        self,
+        labels: LabelSet,
+        imgsz: int,
+        augment: bool,
+        hyp: AugmentConfig | None = None,
+        seed: int = 0,
+        image_source: Any = None,
+    ):
         self.labels, self.imgsz, self.augment, self.seed = labels, imgsz, augment, seed
         self.hyp = hyp or AugmentConfig()
         self.files = [str(f) for f in labels.files]
@@ -55,7 +63,9 @@ class YOLODataset(Dataset):
             sizes = np.asarray(self.labels.shapes, np.float32).reshape(-1, 2)
             img = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
             wh = sizes[img][:, ::-1]
-            xyxy = np.concatenate([lab[:, 1:3] - lab[:, 3:5] / 2, lab[:, 1:3] + lab[:, 3:5] / 2], 1) * np.tile(wh, 2)  # float32
+            xyxy = np.concatenate([lab[:, 1:3] - lab[:, 3:5] / 2, lab[:, 1:3] + lab[:, 3:5] / 2], 1) * np.tile(
+                wh, 2
+            )  # float32
             self._ground_truth = (np.column_stack([img, lab[:, 0], xyxy]).astype(np.float64), sizes.astype(np.float64))
         return self._ground_truth
 
@@ -154,7 +164,9 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
         targets[k, :n] = s["boxes"]
         mask[k, :n] = True
     batch = {
-        "img": torch.from_numpy(np.stack([s["img"] for s in samples])) if B else torch.zeros(0, 0, 0, 3, dtype=torch.uint8),
+        "img": torch.from_numpy(np.stack([s["img"] for s in samples]))
+        if B
+        else torch.zeros(0, 0, 0, 3, dtype=torch.uint8),
         "targets": torch.from_numpy(targets),
         "mask": torch.from_numpy(mask),
         "index": torch.tensor([s["index"] for s in samples], dtype=torch.long),

@@ -86,7 +86,10 @@ def decode_all(
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     try:
-        with ThreadPoolExecutor(threads) as pool, Progress(*columns, console=Console(stderr=True), disable=not progress) as bar:
+        with (
+            ThreadPoolExecutor(threads) as pool,
+            Progress(*columns, console=Console(stderr=True), disable=not progress) as bar,
+        ):
             task = bar.add_task(desc, total=len(files))
             for _ in pool.map(one, range(len(files))):
                 bar.advance(task)

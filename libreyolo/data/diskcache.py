@@ -92,13 +92,23 @@ def open_disk_cache(
     lock = HostLock(shared_dir() / f"libreyolo-disk-{key}.lock")
     lock.acquire()  # DDP ranks of one host: the first builds, the others then find every entry fresh
     try:
-        return _open(files, shapes, [None if st is None else st[1] for st in stamps], imgsz, desc, refuse, threads, progress)
+        return _open(
+            files, shapes, [None if st is None else st[1] for st in stamps], imgsz, desc, refuse, threads, progress
+        )
     finally:
         lock.release()
 
 
-def _open(files: list[str], shapes: list[tuple[int, int]], src_mtime: list[int | None], imgsz: int, desc: str,
-          refuse: Callable[[int, Path], str | None], threads: int | None, progress: bool) -> DiskCache | str:
+def _open(
+    files: list[str],
+    shapes: list[tuple[int, int]],
+    src_mtime: list[int | None],
+    imgsz: int,
+    desc: str,
+    refuse: Callable[[int, Path], str | None],
+    threads: int | None,
+    progress: bool,
+) -> DiskCache | str:
     entries = [entry_path(Path(f), imgsz) for f in files]
     cache = DiskCache(entries, imgsz)
     stale = [i for i, (e, m) in enumerate(zip(entries, src_mtime)) if m is None or _mtime_ns(e) != m]
@@ -124,7 +134,9 @@ def _open(files: list[str], shapes: list[tuple[int, int]], src_mtime: list[int |
         except OSError as e:  # a full or failing disk costs speed, not the run: the sample is decoded instead
             cache.write_errors.append((str(entries[i]), str(e)))
 
-    cache.bad = decode_all([files[i] for i in stale], [max(shapes[i]) for i in stale], imgsz, store, f"{desc} -> disk", threads, progress)
+    cache.bad = decode_all(
+        [files[i] for i in stale], [max(shapes[i]) for i in stale], imgsz, store, f"{desc} -> disk", threads, progress
+    )
     return cache
 
 

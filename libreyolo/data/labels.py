@@ -63,7 +63,14 @@ def _check_one(image: Path, nc: int) -> tuple[np.ndarray | None, tuple[int, int]
         if c != int(c) or not 0 <= c < nc:
             return None, None, f"{where}: class {parts[0]} is out of range 0..{nc - 1} (the yaml has {nc} names)", False
         cx, cy, bw, bh = vals[1:]
-        if not all(np.isfinite(vals)) or bw <= 0 or bh <= 0 or min(cx, cy) < -0.01 or max(cx, cy) > 1.01 or max(bw, bh) > 1.01:
+        if (
+            not all(np.isfinite(vals))
+            or bw <= 0
+            or bh <= 0
+            or min(cx, cy) < -0.01
+            or max(cx, cy) > 1.01
+            or max(bw, bh) > 1.01
+        ):
             return None, None, f"{where}: box {cx} {cy} {bw} {bh} is not a normalised cx cy w h inside the image", False
         rows.append(vals)
     arr = np.array(rows, np.float32).reshape(-1, 5)

@@ -44,7 +44,9 @@ class TrainBatchSampler(Sampler[list]):
 
     def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True):
         self.batch_size = batch_size
-        self.sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        self.sampler = DistributedSampler(
+            range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=False
+        )
         self.epoch, self.mosaic, self.start = 0, True, 0
 
     def set_epoch(self, epoch: int, mosaic: bool, start: int = 0) -> None:
@@ -69,7 +71,9 @@ def _worker_init(_: int) -> None:
     torch.set_num_threads(1)
 
 
-def train_loader(dataset: YOLODataset, batch_size: int, workers: int, seed: int, pin: bool, rank: int = 0, world_size: int = 1) -> DataLoader:
+def train_loader(
+    dataset: YOLODataset, batch_size: int, workers: int, seed: int, pin: bool, rank: int = 0, world_size: int = 1
+) -> DataLoader:
     sampler = TrainBatchSampler(len(dataset), batch_size, seed, rank, world_size)
     return DataLoader(
         dataset,

@@ -116,8 +116,11 @@ def open_ram_cache(
     try:
         if not build.acquire(wait=False):
             if progress:  # said now (the wait can be minutes), by the process that talks to the terminal; not a warning
-                print(f"{desc}: waiting for another process (a DDP rank or a run on the same images) to finish {path}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{desc}: waiting for another process (a DDP rank or a run on the same images) to finish {path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             build.acquire()
         try:
             cache = RamCache(path, len(files), users)
@@ -152,8 +155,16 @@ def open_ram_cache(
         raise
 
 
-def _build(path: Path, files: list[str], shapes: list[tuple[int, int]], slots: np.ndarray, imgsz: int, desc: str,
-           threads: int | None, progress: bool) -> list[tuple[str, str]]:
+def _build(
+    path: Path,
+    files: list[str],
+    shapes: list[tuple[int, int]],
+    slots: np.ndarray,
+    imgsz: int,
+    desc: str,
+    threads: int | None,
+    progress: bool,
+) -> list[tuple[str, str]]:
     n = len(files)
     offsets = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
     idx_off = -(-int(slots.sum()) // 8) * 8
@@ -206,7 +217,9 @@ def _sweep_orphans(folder: Path, keep: str, notes: list[str]) -> None:
             if lock.acquire(wait=False):
                 size = f.stat().st_size
                 f.unlink()
-                notes.append(f"removed {f} ({size / 1e9:.2f} GB), a RAM cache no running process uses (left by a run that did not finish)")
+                notes.append(
+                    f"removed {f} ({size / 1e9:.2f} GB), a RAM cache no running process uses (left by a run that did not finish)"
+                )
         except OSError:
             pass  # another user's file, or already gone
         finally:

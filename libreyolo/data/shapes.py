@@ -29,7 +29,9 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "libreyolo"
 
 
-def builtin_shapes_yaml(n_train: int = DEMO_SIZE["n_train"], n_val: int = DEMO_SIZE["n_val"], size: int = DEMO_SIZE["size"]) -> Path:
+def builtin_shapes_yaml(
+    n_train: int = DEMO_SIZE["n_train"], n_val: int = DEMO_SIZE["n_val"], size: int = DEMO_SIZE["size"]
+) -> Path:
     """Path of the built-in dataset's yaml, generating the dataset first if needed."""
     root = cache_root() / "datasets" / f"shapes-v{VERSION}-{n_train}-{n_val}-{size}"
     if not (root / "data.yaml").is_file():
@@ -50,9 +52,13 @@ def make_shapes(out: str | os.PathLike, n_train: int, n_val: int, size: int, see
             img, rows = _draw(rng, size)
             stem = f"{split}_{i:05d}"
             cv2.imwrite(str(tmp / "images" / split / f"{stem}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, quality])
-            (tmp / "labels" / split / f"{stem}.txt").write_text("".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in rows))
+            (tmp / "labels" / split / f"{stem}.txt").write_text(
+                "".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in rows)
+            )
     names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES))
-    (tmp / "data.yaml").write_text(f"# libreyolo built-in synthetic dataset (v{VERSION})\npath: .\ntrain: images/train\nval: images/val\nnames:\n{names}")
+    (tmp / "data.yaml").write_text(
+        f"# libreyolo built-in synthetic dataset (v{VERSION})\npath: .\ntrain: images/train\nval: images/val\nnames:\n{names}"
+    )
     if out.exists():  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     else:

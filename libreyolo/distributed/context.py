@@ -157,8 +157,12 @@ def start(device_spec: str) -> tuple[torch.device, DistContext]:
     else:
         backend = dist.get_backend()
     ctx = DistContext(
-        rank=env["rank"], local_rank=env["local_rank"], world_size=env["world_size"],
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", env["world_size"])), backend=backend, owns_group=owns,
+        rank=env["rank"],
+        local_rank=env["local_rank"],
+        world_size=env["world_size"],
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", env["world_size"])),
+        backend=backend,
+        owns_group=owns,
     )
     return device, ctx
 
@@ -170,12 +174,18 @@ def _rank_device(spec: str, local_rank: int) -> torch.device:
     if spec == "cpu" or (spec in ("auto", "") and not torch.cuda.is_available()):
         return torch.device("cpu")
     if spec == "mps":
-        raise ConfigError("device=mps cannot train distributed (no MPS process-group backend); use device=cpu or CUDA GPUs")
+        raise ConfigError(
+            "device=mps cannot train distributed (no MPS process-group backend); use device=cpu or CUDA GPUs"
+        )
     if not torch.cuda.is_available():
-        raise ConfigError(f"device={spec}: CUDA is not available in this torchrun process; use device=cpu to train on CPU with Gloo")
+        raise ConfigError(
+            f"device={spec}: CUDA is not available in this torchrun process; use device=cpu to train on CPU with Gloo"
+        )
     n = torch.cuda.device_count()
     if local_rank >= n:
-        raise ConfigError(f"LOCAL_RANK={local_rank} but this process sees only {n} GPU(s): start torchrun with --nproc_per_node={n} or fewer")
+        raise ConfigError(
+            f"LOCAL_RANK={local_rank} but this process sees only {n} GPU(s): start torchrun with --nproc_per_node={n} or fewer"
+        )
     return torch.device(f"cuda:{local_rank}")
 
 
@@ -197,7 +207,9 @@ def has_batchnorm(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
-def sync_batchnorm(train_net: nn.Module, ctx: DistContext, device: torch.device, sync_bn: bool, batch_per_rank: int, notes: list[str]) -> nn.Module:
+def sync_batchnorm(
+    train_net: nn.Module, ctx: DistContext, device: torch.device, sync_bn: bool, batch_per_rank: int, notes: list[str]
+) -> nn.Module:
     """Convert BatchNorm to SyncBatchNorm when several processes train and it is asked for; warn (once, through
     `notes`) when a BatchNorm model trains on small per-rank batches without it. The converted layers keep the
     Parameter and buffer objects, so an optimizer or EMA built before still points at the live tensors."""
@@ -205,7 +217,9 @@ def sync_batchnorm(train_net: nn.Module, ctx: DistContext, device: torch.device,
         return train_net
     if sync_bn and device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(train_net)
-    why = "sync_bn=false" if not sync_bn else f"sync_bn has no effect on {device.type} (torch's SyncBatchNorm needs GPUs)"
+    why = (
+        "sync_bn=false" if not sync_bn else f"sync_bn has no effect on {device.type} (torch's SyncBatchNorm needs GPUs)"
+    )
     if batch_per_rank < 16:
         notes.append(
             f"{why}: BatchNorm statistics come from each rank's own {batch_per_rank} images (batch per rank < 16), "

@@ -44,5 +44,9 @@ def parse_device(spec: str) -> tuple[str, list[int]]:
 def torchrun_env() -> dict[str, int] | None:
     """RANK/LOCAL_RANK/WORLD_SIZE when started by torchrun (or our spawn launcher), else None."""
     if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return {"rank": int(os.environ.get("RANK", 0)), "local_rank": int(os.environ["LOCAL_RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+        return {
+            "rank": int(os.environ.get("RANK", 0)),
+            "local_rank": int(os.environ["LOCAL_RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"]),
+        }
     return None

@@ -106,7 +106,9 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
     ctx = None
     try:
         weights = model.save(folder / "weights.pt")
-        job = _Job(nprocs, list(gpus), free_port(), str(folder), str(weights), model.source, model.trained, type(model), kwargs)
+        job = _Job(
+            nprocs, list(gpus), free_port(), str(folder), str(weights), model.source, model.trained, type(model), kwargs
+        )
         with _child_env(gpus):
             ctx = mp.start_processes(_worker, args=(job,), nprocs=nprocs, join=False, start_method="spawn")
         result_file = folder / "result.json"
@@ -116,7 +118,9 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
             if not result_file.exists():
                 raise
             # rank 0 had finished and reported; a crash after that (teardown) does not undo a complete run
-            warnings.warn(f"the run finished, but a training process failed while exiting: {e}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"the run finished, but a training process failed while exiting: {e}", RuntimeWarning, stacklevel=2
+            )
         if not result_file.exists():  # every worker exited cleanly without finishing: they were interrupted
             raise KeyboardInterrupt
         result = json.loads(result_file.read_text())
@@ -198,7 +202,11 @@ class _child_env:
         self.set = {SPAWNED_ENV: "1"}
         if gpus:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-            ids = [x.strip() for x in visible.split(",") if x.strip()] if visible.strip() else [str(i) for i in range(max(gpus) + 1)]
+            ids = (
+                [x.strip() for x in visible.split(",") if x.strip()]
+                if visible.strip()
+                else [str(i) for i in range(max(gpus) + 1)]
+            )
             self.set["CUDA_VISIBLE_DEVICES"] = ",".join(ids[g] for g in gpus)
         self.old: dict[str, str | None] = {}
 
@@ -253,7 +261,9 @@ def _failure(e: Exception, folder: Path, ctx: Any) -> Exception:
         return DistributedError(f"training process rank {rank} (pid {e.error_pid}) failed; {others}.{e.msg}")
     if e.signal_name:
         hint = " (SIGKILL often comes from the kernel's out-of-memory killer)" if e.signal_name == "SIGKILL" else ""
-        return DistributedError(f"training process rank {rank} (pid {e.error_pid}) was killed by {e.signal_name}{hint}; {others}.")
+        return DistributedError(
+            f"training process rank {rank} (pid {e.error_pid}) was killed by {e.signal_name}{hint}; {others}."
+        )
     return DistributedError(
         f"training process rank {rank} (pid {e.error_pid}) exited with code {e.exit_code} without reporting an error "
         f"(its output is above); {others}. If it never started training, the usual cause is a script that calls "
@@ -304,10 +314,16 @@ def _wait(procs: list[Any], seconds: float) -> None:
 
 # --- worker side -------------------------------------------------------------------------------------
 def _worker(index: int, job: _Job) -> None:
-    os.environ.update({
-        "RANK": str(index), "LOCAL_RANK": str(index), "WORLD_SIZE": str(job.nprocs), "LOCAL_WORLD_SIZE": str(job.nprocs),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(job.port),
-    })
+    os.environ.update(
+        {
+            "RANK": str(index),
+            "LOCAL_RANK": str(index),
+            "WORLD_SIZE": str(job.nprocs),
+            "LOCAL_WORLD_SIZE": str(job.nprocs),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(job.port),
+        }
+    )
     parent = os.getppid()
     _signal_policy(index, parent, job.folder)
     if not job.gpus:  # N CPU processes share the cores instead of each starting one thread per core

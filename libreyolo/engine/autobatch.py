@@ -25,8 +25,13 @@ DEFAULT_BATCH = 16
 MAX_BATCH = 1024
 
 
-def fit_batch(samples: list[tuple[int, float]], budget_bytes: float, world_size: int = 1, nbs: int | None = None,
-              oom_at: int | None = None) -> tuple[int, int]:
+def fit_batch(
+    samples: list[tuple[int, float]],
+    budget_bytes: float,
+    world_size: int = 1,
+    nbs: int | None = None,
+    oom_at: int | None = None,
+) -> tuple[int, int]:
     """-> (global batch, per-device batch before the nbs cap) from (batch, peak bytes) probe samples."""
     if not samples:
         raise ValueError("autobatch needs at least one probe sample (the smallest batch did not fit)")
@@ -52,8 +57,15 @@ def default_batch(world_size: int) -> int:
     return max(DEFAULT_BATCH // world_size * world_size, world_size)
 
 
-def probe_memory(train_net: nn.Module, loss_fn: Callable, device: torch.device, imgsz: int, autocast_dtype: torch.dtype | None,
-                 channels_last: bool = False, sizes: tuple[int, ...] = PROBE_SIZES) -> tuple[list[tuple[int, float]], int | None]:
+def probe_memory(
+    train_net: nn.Module,
+    loss_fn: Callable,
+    device: torch.device,
+    imgsz: int,
+    autocast_dtype: torch.dtype | None,
+    channels_last: bool = False,
+    sizes: tuple[int, ...] = PROBE_SIZES,
+) -> tuple[list[tuple[int, float]], int | None]:
     """Peak allocated bytes of one train-mode forward+backward at each size; stops at the first OOM (returned).
 
     BatchNorm buffers are put back afterwards: random probe images must not shift a pretrained model's statistics."""
@@ -90,17 +102,27 @@ def probe_memory(train_net: nn.Module, loss_fn: Callable, device: torch.device, 
     return samples, oom_at
 
 
-def autobatch(train_net: nn.Module, loss_fn: Callable, device: torch.device, imgsz: int, autocast_dtype: torch.dtype | None,
-              world_size: int = 1, nbs: int | None = None, channels_last: bool = False) -> tuple[int, str]:
+def autobatch(
+    train_net: nn.Module,
+    loss_fn: Callable,
+    device: torch.device,
+    imgsz: int,
+    autocast_dtype: torch.dtype | None,
+    world_size: int = 1,
+    nbs: int | None = None,
+    channels_last: bool = False,
+) -> tuple[int, str]:
     """-> (global batch, one line saying how it was chosen). CUDA only."""
     samples, oom_at = probe_memory(train_net, loss_fn, device, imgsz, autocast_dtype, channels_last)
     total = torch.cuda.get_device_properties(device).total_memory
     global_batch, per_device = fit_batch(samples, FRACTION * total, world_size, nbs, oom_at)
     b = [s[0] for s in samples]
     capped = f", capped at nbs={nbs}" if global_batch < per_device * world_size else ""
-    line = (f"autobatch: batch={global_batch} ({global_batch // world_size} per GPU x {world_size}) from train-step memory at "
-            f"batch {b[0]}..{b[-1]} on {torch.cuda.get_device_name(device)}: largest per-GPU batch within "
-            f"{FRACTION:.0%} of {total / 2**30:.0f} GiB is {per_device}{capped}")
+    line = (
+        f"autobatch: batch={global_batch} ({global_batch // world_size} per GPU x {world_size}) from train-step memory at "
+        f"batch {b[0]}..{b[-1]} on {torch.cuda.get_device_name(device)}: largest per-GPU batch within "
+        f"{FRACTION:.0%} of {total / 2**30:.0f} GiB is {per_device}{capped}"
+    )
     return global_batch, line
 
 
@@ -113,7 +135,9 @@ def probe_model(family: Any, size: str, nc: int, cfg: Any, device: torch.device)
     return train_net, family.loss(net, cfg)
 
 
-def _synthetic_targets(b: int, imgsz: int, device: torch.device, per_image: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def _synthetic_targets(
+    b: int, imgsz: int, device: torch.device, per_image: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Class-0 boxes spread over the image: the assigner's memory grows with the number of targets."""
     k = torch.arange(per_image, device=device, dtype=torch.float32)
     side = imgsz / 4
@@ -123,8 +147,14 @@ def _synthetic_targets(b: int, imgsz: int, device: torch.device, per_image: int 
     return boxes.expand(b, per_image, 5).contiguous(), torch.ones(b, per_image, dtype=torch.bool, device=device)
 
 
-def resolve_global_batch(cfg: Any, device: torch.device, ctx: Any, probe: Callable[[], tuple[nn.Module, Callable]],
-                         autocast_dtype: torch.dtype | None, notes: list[str]) -> int:
+def resolve_global_batch(
+    cfg: Any,
+    device: torch.device,
+    ctx: Any,
+    probe: Callable[[], tuple[nn.Module, Callable]],
+    autocast_dtype: torch.dtype | None,
+    notes: list[str],
+) -> int:
     """cfg.batch, or for batch=-1 the autobatch result (rank 0 probes; every rank gets the same integer)."""
     if cfg.batch != -1:
         return int(cfg.batch)
@@ -136,7 +166,9 @@ def resolve_global_batch(cfg: Any, device: torch.device, ctx: Any, probe: Callab
     if ctx.is_main:
         train_net, loss_fn = probe()
         cap = NOMINAL_BATCH if cfg.nbs == "auto" else cfg.nbs
-        result = autobatch(train_net, loss_fn, device, cfg.imgsz, autocast_dtype, ctx.world_size, cap, cfg.channels_last)
+        result = autobatch(
+            train_net, loss_fn, device, cfg.imgsz, autocast_dtype, ctx.world_size, cap, cfg.channels_last
+        )
     b, line = ctx.broadcast(result)
     notes.append(line)
     return b

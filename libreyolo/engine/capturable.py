@@ -18,9 +18,24 @@ from libreyolo.engine.flat import FlatParams
 
 
 class CapturableUpdate:
-    def __init__(self, optimizer: torch.optim.Optimizer, name: str, scaler: torch.amp.GradScaler, ema: ModelEMA | None,
-                 grad_clip: float, flat: FlatParams, device: torch.device):
-        self.opt, self.name, self.scaler, self.ema, self.grad_clip, self.flat = optimizer, name, scaler, ema, grad_clip, flat
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        name: str,
+        scaler: torch.amp.GradScaler,
+        ema: ModelEMA | None,
+        grad_clip: float,
+        flat: FlatParams,
+        device: torch.device,
+    ):
+        self.opt, self.name, self.scaler, self.ema, self.grad_clip, self.flat = (
+            optimizer,
+            name,
+            scaler,
+            ema,
+            grad_clip,
+            flat,
+        )
         n = len(self.groups)
         # hyper = [lr_0 .. lr_{n-1}, momentum (SGD) / beta1 (AdamW)], written from pinned memory before a replay
         self.hyper = torch.zeros(n + 1, device=device)
@@ -71,7 +86,9 @@ class CapturableUpdate:
         if self.scaler.is_enabled():
             scale = self.scaler._scale
             self.found_inf.zero_()
-            torch._amp_foreach_non_finite_check_and_unscale_([flat], self.found_inf, scale.double().reciprocal().float())
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                [flat], self.found_inf, scale.double().reciprocal().float()
+            )
             keep = 1.0 - self.found_inf[0]
             flat.nan_to_num_(0.0, 0.0, 0.0).mul_(keep)
         else:
@@ -86,8 +103,14 @@ class CapturableUpdate:
         self.flat.refresh()
         if self.scaler.is_enabled():
             self.skipped += self.found_inf[0].to(torch.int32)
-            torch._amp_update_scale_(self.scaler._scale, self.scaler._growth_tracker, self.found_inf,
-                                     self.scaler._growth_factor, self.scaler._backoff_factor, self.scaler._growth_interval)
+            torch._amp_update_scale_(
+                self.scaler._scale,
+                self.scaler._growth_tracker,
+                self.found_inf,
+                self.scaler._growth_factor,
+                self.scaler._backoff_factor,
+                self.scaler._growth_interval,
+            )
         if self.ema is not None:
             self._ema()
 

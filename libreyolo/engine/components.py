@@ -33,8 +33,18 @@ class StepParts:
     flat: FlatParams | None = None
 
     def eager_step(self, grad_clip: float) -> EagerStep:
-        return EagerStep(self.train_net, self.loss_fn, self.optimizer, self.scaler, self.ema, self.amp.autocast_dtype,
-                         grad_clip, self.batch_scale, self.channels_last, self.flat)
+        return EagerStep(
+            self.train_net,
+            self.loss_fn,
+            self.optimizer,
+            self.scaler,
+            self.ema,
+            self.amp.autocast_dtype,
+            grad_clip,
+            self.batch_scale,
+            self.channels_last,
+            self.flat,
+        )
 
 
 NOMINAL_BATCH = 64  # nbs=auto in a long run, and autobatch's cap: the Ultralytics convention the default LRs assume
@@ -53,8 +63,17 @@ def optimizer_steps(n_train: int, batch: int, nbs: int, epochs: int) -> int:
     return -(-n_train // max(batch, nbs)) * epochs
 
 
-def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device, batch: int, n_train: int,
-                     batch_scale: float | None = None, reduce_normalizer: Callable | None = None, flat: bool = True) -> StepParts:
+def build_step_parts(
+    family: Any,
+    net: nn.Module,
+    cfg: Any,
+    device: torch.device,
+    batch: int,
+    n_train: int,
+    batch_scale: float | None = None,
+    reduce_normalizer: Callable | None = None,
+    flat: bool = True,
+) -> StepParts:
     """batch is the global batch (all processes together: accumulation, weight decay and the step count follow
     it); batch_scale the loss multiplier, by default that same global batch (see families/yolo9/loss.py).
     flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients)."""
@@ -74,8 +93,18 @@ def build_step_parts(family: Any, net: nn.Module, cfg: Any, device: torch.device
     ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
     flat_params = FlatParams(train_net, amp.autocast_dtype, channels_last) if flat else None
     return StepParts(
-        net=net, train_net=train_net, optimizer=optimizer, optimizer_name=name, lr0=lr0, momentum=momentum,
-        scaler=make_scaler(amp), ema=ema, loss_fn=family.loss(net, cfg, reduce_normalizer), amp=amp,
-        accumulate=accumulate, batch_scale=float(batch if batch_scale is None else batch_scale), channels_last=channels_last,
+        net=net,
+        train_net=train_net,
+        optimizer=optimizer,
+        optimizer_name=name,
+        lr0=lr0,
+        momentum=momentum,
+        scaler=make_scaler(amp),
+        ema=ema,
+        loss_fn=family.loss(net, cfg, reduce_normalizer),
+        amp=amp,
+        accumulate=accumulate,
+        batch_scale=float(batch if batch_scale is None else batch_scale),
+        channels_last=channels_last,
         flat=flat_params,
     )

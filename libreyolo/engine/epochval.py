@@ -47,7 +47,12 @@ class EpochValidations:
         self.graph = None
         if s.device.type == "cuda" and cfg.cuda_graph is not False and s.is_main:
             net = s.ema.ema if s.ema is not None else s.net
-            self.graph = EvalGraph(net, s.val_loss, s.amp.autocast_dtype, capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)))
+            self.graph = EvalGraph(
+                net,
+                s.val_loss,
+                s.amp.autocast_dtype,
+                capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)),
+            )
         self._told = False
 
     @property
@@ -77,12 +82,29 @@ class EpochValidations:
         if self.due(epoch) and s.is_main:
             net = s.ema.ema if s.ema is not None else s.net
             weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
-            v = start_validation(net, s.family, s.val_loader, s.device, s.names, s.val_loss, cfg.conf, cfg.iou, cfg.max_det,
-                                 s.amp.autocast_dtype, cfg.channels_last, background=not self.synchronous,
-                                 static_shape=self.graph is not None, graph=self.graph)
+            v = start_validation(
+                net,
+                s.family,
+                s.val_loader,
+                s.device,
+                s.names,
+                s.val_loss,
+                cfg.conf,
+                cfg.iou,
+                cfg.max_det,
+                s.amp.autocast_dtype,
+                cfg.channels_last,
+                background=not self.synchronous,
+                static_shape=self.graph is not None,
+                graph=self.graph,
+            )
             if self.graph is not None and self.graph.error and not self._told:
                 self._told = True
-                tr.emit(ev.WarningEvent(f"validation runs eager: capturing its CUDA graph failed ({self.graph.error})", code="val_graph"))
+                tr.emit(
+                    ev.WarningEvent(
+                        f"validation runs eager: capturing its CUDA graph failed ({self.graph.error})", code="val_graph"
+                    )
+                )
             self.pending = _Pending(epoch, v, train_losses, lrs, weights)
         if self.synchronous and self.due(epoch):
             self.settle(wait=True)
@@ -110,10 +132,27 @@ class EpochValidations:
         s = tr.s
         v = p.validation.result()
         tr._note_bad(v["bad"])
-        tr.emit(ev.Val(epoch=p.epoch, precision=v["precision"], recall=v["recall"], map50=v["map50"], map=v["map"],
-                       losses=v["losses"], images=v["images"], time_s=v["time_s"], eval_s=v["eval_s"]))
+        tr.emit(
+            ev.Val(
+                epoch=p.epoch,
+                precision=v["precision"],
+                recall=v["recall"],
+                map50=v["map50"],
+                map=v["map"],
+                losses=v["losses"],
+                images=v["images"],
+                time_s=v["time_s"],
+                eval_s=v["eval_s"],
+            )
+        )
         fitness = 0.1 * v["map50"] + 0.9 * v["map"]
-        metrics = {"precision": v["precision"], "recall": v["recall"], "map50": v["map50"], "map": v["map"], "fitness": fitness}
+        metrics = {
+            "precision": v["precision"],
+            "recall": v["recall"],
+            "map50": v["map50"],
+            "map": v["map"],
+            "fitness": fitness,
+        }
         row = results_row(p.epoch + 1, time.time() - s.t_start, p.train_losses, v, v["losses"], list(p.lrs.values()))
         append_results(s.run_dir / "results.csv", row, results_columns(s.family.loss_terms, len(p.lrs)))
         return p.epoch, fitness, metrics
@@ -132,5 +171,9 @@ class EpochValidations:
         else:
             self.patience_left -= 1
         if self.patience_left <= 0 and not tr.stop_requested:
-            tr.emit(ev.WarningEvent(f"early stop: no improvement in {cfg.patience} epochs (patience={cfg.patience})", code="patience"))
+            tr.emit(
+                ev.WarningEvent(
+                    f"early stop: no improvement in {cfg.patience} epochs (patience={cfg.patience})", code="patience"
+                )
+            )
             tr.stop_requested = "early_stop"

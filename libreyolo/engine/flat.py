@@ -31,7 +31,9 @@ class FlatParams:
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         # half-precision candidates first, so their masters are one contiguous range: convolution kernels and
         # biases, which autocast casts for every convolution (a bias of a layer autocast runs in float32 stays fp32)
-        conv_bias = {id(m.bias) for m in module.modules() if isinstance(m, nn.modules.conv._ConvNd) and m.bias is not None}
+        conv_bias = {
+            id(m.bias) for m in module.modules() if isinstance(m, nn.modules.conv._ConvNd) and m.bias is not None
+        }
         is_half = [half is not None and (p.dim() == 4 or id(p) in conv_bias) for _, p in named]
         order = sorted(range(len(named)), key=lambda i: not is_half[i])
         self.names = [named[i][0] for i in order]

@@ -37,7 +37,9 @@ class FullGraphStep(GraphRunner):
     def __init__(self, eager: EagerStep, parts: Any, cfg: Any, emit: Callable[[ev.Event], None], device: torch.device):
         super().__init__(eager, emit, device)
         self.captures_loss = True
-        self.update = CapturableUpdate(parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, eager.flat, device)
+        self.update = CapturableUpdate(
+            parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, eager.flat, device
+        )
         self.capacity = 4
         self.pool = None
 
@@ -46,7 +48,10 @@ class FullGraphStep(GraphRunner):
         if targets.shape[1] > self.capacity:
             old, self.capacity = self.capacity, targets.shape[1]
             if self.graphs:
-                self.invalidate(f"a batch has more objects per image than the captured capacity {old}: capacity raised to {self.capacity}, recapturing once stable", tuple(img.shape))
+                self.invalidate(
+                    f"a batch has more objects per image than the captured capacity {old}: capacity raised to {self.capacity}, recapturing once stable",
+                    tuple(img.shape),
+                )
         return (*img.shape, self.capacity)
 
     def graph_key(self, shape: tuple, boundary: bool) -> tuple:
@@ -65,7 +70,9 @@ class FullGraphStep(GraphRunner):
     def _body(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> torch.Tensor:
         e = self.eager
         x = normalize(img, e.channels_last)
-        with torch.autocast("cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False):
+        with torch.autocast(
+            "cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False
+        ):
             outs = e.flat.forward(x)
         loss, items = e.loss_fn(outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale)
         if e.scaler.is_enabled():

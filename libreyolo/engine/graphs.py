@@ -59,7 +59,9 @@ class GraphRunner:
         return shape
 
     # the step
-    def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES) -> torch.Tensor:
+    def __call__(
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES
+    ) -> torch.Tensor:
         if self.disabled:
             return self.run_eager(img, targets, mask, boundary, phases)
         shape = self.shape_key(img, targets)
@@ -72,7 +74,14 @@ class GraphRunner:
         if graph is None:
             if self.graphs and shape not in self.eager_shapes and all(k[: len(shape)] != shape for k in self.graphs):
                 self.eager_shapes.add(shape)
-                self.emit(ev.Graph(action="eager_shape", mode=self.mode, reason=f"shape {list(shape)} differs from the captured one(s): it runs eager", shape=list(shape)))
+                self.emit(
+                    ev.Graph(
+                        action="eager_shape",
+                        mode=self.mode,
+                        reason=f"shape {list(shape)} differs from the captured one(s): it runs eager",
+                        shape=list(shape),
+                    )
+                )
             return self._eager_side(img, targets, mask, boundary, phases)
         try:
             return self.replay(graph, img, targets, mask, boundary, phases)
@@ -110,18 +119,29 @@ class GraphRunner:
             if cuda:
                 torch.cuda.synchronize(self.device)
         except Exception as e:
-            self._fallback(f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); training eager from here on", key)
+            self._fallback(
+                f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); training eager from here on",
+                key,
+            )
             return None
         after = vram_mb(self.device) if cuda else (0.0, 0.0)
         self.graphs[key] = graph
         self.captures += 1
         why = f"re-captured: {self._why_next}; " if self._why_next else ""
-        self.emit(ev.Graph(
-            action="capture" if self.captures == 1 else "recapture", mode=self.mode,
-            reason=f"{why}captured {self.describe(key)} after {STABLE_AFTER} steps of shape {list(key[:4])}", shape=list(key[:4]),
-            allocated_before_mb=before[0], allocated_after_mb=after[0], reserved_before_mb=before[1], reserved_after_mb=after[1],
-            delta_allocated_mb=after[0] - before[0], delta_reserved_mb=after[1] - before[1],
-        ))
+        self.emit(
+            ev.Graph(
+                action="capture" if self.captures == 1 else "recapture",
+                mode=self.mode,
+                reason=f"{why}captured {self.describe(key)} after {STABLE_AFTER} steps of shape {list(key[:4])}",
+                shape=list(key[:4]),
+                allocated_before_mb=before[0],
+                allocated_after_mb=after[0],
+                reserved_before_mb=before[1],
+                reserved_after_mb=after[1],
+                delta_allocated_mb=after[0] - before[0],
+                delta_reserved_mb=after[1] - before[1],
+            )
+        )
         return graph
 
     def describe(self, key: tuple) -> str:
@@ -177,7 +197,9 @@ class NetworkGraphStep(GraphRunner):
 
     mode = "network"
 
-    def __init__(self, eager: EagerStep, emit: Callable[[ev.Event], None], device: torch.device, plan: CapturePlan = WHOLE_NET):
+    def __init__(
+        self, eager: EagerStep, emit: Callable[[ev.Event], None], device: torch.device, plan: CapturePlan = WHOLE_NET
+    ):
         super().__init__(eager, emit, device)
         self.parts = None if plan.whole_net else SubmoduleGraphs(eager, plan.modules)
 
@@ -197,13 +219,24 @@ class NetworkGraphStep(GraphRunner):
                 p.grad = torch.zeros_like(p)
         e.grads_to_none = False
         g = _NetGraph()
-        g.x = torch.empty(img.shape[0], 3, img.shape[1], img.shape[2], device=img.device,
-                          memory_format=torch.channels_last if e.channels_last else torch.contiguous_format)
+        g.x = torch.empty(
+            img.shape[0],
+            3,
+            img.shape[1],
+            img.shape[2],
+            device=img.device,
+            memory_format=torch.channels_last if e.channels_last else torch.contiguous_format,
+        )
         pool = torch.cuda.graph_pool_handle()
         # thread-local error mode: the loader's pin-memory thread may allocate host memory meanwhile
         with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
             # the autocast weight-cast cache must not outlive the capture: casts are captured kernels
-            with torch.autocast("cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False):
+            with torch.autocast(
+                "cuda",
+                dtype=e.autocast_dtype or torch.float32,
+                enabled=e.autocast_dtype is not None,
+                cache_enabled=False,
+            ):
                 out = e.flat.forward(g.x)
         g.single = isinstance(out, torch.Tensor)  # the loss gets what the network returns: a tensor or a tuple
         g.outs = (out,) if g.single else tuple(out)
@@ -226,7 +259,9 @@ class NetworkGraphStep(GraphRunner):
             g.fwd.replay()
         outs = tuple(o.detach().requires_grad_(True) for o in g.outs)
         with phases("loss"):
-            loss, items = e.loss_fn(outs[0] if g.single else outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale)
+            loss, items = e.loss_fn(
+                outs[0] if g.single else outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale
+            )
         with phases("backward"):
             e.scaler.scale(loss).backward()
             for dst, o in zip(g.grad_outs, outs):

@@ -22,7 +22,9 @@ FP16_MAX = 65504.0
 MARGIN_EXP = 1  # start one halving below the largest finite scale: gradients grow early in training
 
 
-def largest_finite_exp(finite_at: Callable[[int], bool], hi: int = MAX_EXP, guess: Callable[[], int] | None = None) -> int | None:
+def largest_finite_exp(
+    finite_at: Callable[[int], bool], hi: int = MAX_EXP, guess: Callable[[], int] | None = None
+) -> int | None:
     """The largest e in [0, hi] with finite_at(e), by bisection (overflow is monotone in the scale); None if
     even a scale of 1 overflows. guess(), asked after the check at 0, narrows the search first: when finite_at
     (guess) holds and finite_at(guess + 1) does not, two checks decide it."""
@@ -47,10 +49,18 @@ def largest_finite_exp(finite_at: Callable[[int], bool], hi: int = MAX_EXP, gues
     return lo
 
 
-def probe_loss_scale(net: nn.Module, forward: Callable[[torch.Tensor], Any], loss_fn: Callable, inputs: list[torch.Tensor],
-                     img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, batch_scale: float,
-                     agree: Callable[[bool], bool] = lambda finite: finite,
-                     agree_min: Callable[[float], float] = lambda x: x) -> tuple[float, int | None]:
+def probe_loss_scale(
+    net: nn.Module,
+    forward: Callable[[torch.Tensor], Any],
+    loss_fn: Callable,
+    inputs: list[torch.Tensor],
+    img: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    batch_scale: float,
+    agree: Callable[[bool], bool] = lambda finite: finite,
+    agree_min: Callable[[float], float] = lambda x: x,
+) -> tuple[float, int | None]:
     """-> (the scale to start with, the largest finite exponent found). `forward(img)` runs the train net under
     the step's autocast; `inputs` are the tensors whose gradients the optimizer will see (the float16 weight
     stand-ins, or the parameters). Under DDP `agree` makes every rank take the same bisection path (finite on
@@ -63,7 +73,11 @@ def probe_loss_scale(net: nn.Module, forward: Callable[[torch.Tensor], Any], los
         peak: list[float] = []
 
         def finite_at(e: int) -> bool:
-            grads = [g for g in torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True) if g is not None]
+            grads = [
+                g
+                for g in torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True)
+                if g is not None
+            ]
             if not grads:
                 return agree(True)
             stats = torch.stack([torch.stack((torch.isfinite(g).all().float(), g.abs().amax().float())) for g in grads])

@@ -28,7 +28,11 @@ def param_groups(model: nn.Module) -> list[dict[str, Any]]:
                 norm.append(p)
             else:
                 weights.append(p)
-    return [{"params": biases, "decay": False, "bias": True}, {"params": weights, "decay": True}, {"params": norm, "decay": False}]
+    return [
+        {"params": biases, "decay": False, "bias": True},
+        {"params": weights, "decay": True},
+        {"params": norm, "decay": False},
+    ]
 
 
 def resolve_optimizer(cfg: Any, nc: int, iterations: int) -> tuple[str, float, float]:
@@ -40,11 +44,21 @@ def resolve_optimizer(cfg: Any, nc: int, iterations: int) -> tuple[str, float, f
     return "AdamW", round(0.002 * 5 / (4 + nc), 6), 0.9
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, decay: float, device: torch.device,
-                    groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    momentum: float,
+    decay: float,
+    device: torch.device,
+    groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None,
+) -> torch.optim.Optimizer:
     """groups: the family's param_groups hook (default: param_groups above); `decay` applies to groups marked so."""
     spec = (groups or param_groups)(model)
-    plain = [{"params": g["params"], "weight_decay": decay if g.get("decay") else 0.0, "bias": bool(g.get("bias"))} for g in spec]
+    plain = [
+        {"params": g["params"], "weight_decay": decay if g.get("decay") else 0.0, "bias": bool(g.get("bias"))}
+        for g in spec
+    ]
     # fused implementations (CUDA, CPU): the whole update of a group in one multi-tensor kernel, and GradScaler
     # hands them found_inf on the device instead of reading it on the host (a synchronisation per optimizer step
     # with the foreach implementations, which step() only when that read says the gradients are finite)
@@ -81,7 +95,15 @@ def lr_factor(epoch: float, epochs: int, lrf: float, cosine: bool) -> float:
     return (1 - x) * (1.0 - lrf) + lrf
 
 
-def apply_schedule(opt: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int, momentum: float, steps_per_epoch: int = 0) -> None:
+def apply_schedule(
+    opt: torch.optim.Optimizer,
+    cfg: Any,
+    epoch: int,
+    ni: int,
+    warmup_iters: int,
+    momentum: float,
+    steps_per_epoch: int = 0,
+) -> None:
     """Set each group's LR (and momentum during warm-up) for global iteration ni of epoch."""
     target = lr_factor(epoch, cfg.epochs, cfg.lrf, cfg.cos_lr)
     for g in opt.param_groups:

@@ -15,15 +15,31 @@ METRIC_COLUMNS = ["metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)
 
 def results_columns(loss_terms: list[str] | tuple[str, ...], param_groups: int) -> list[str]:
     """The Ultralytics layout, built from the family's loss terms and the optimizer's parameter groups."""
-    return (["epoch", "time", *(f"train/{t}_loss" for t in loss_terms), *METRIC_COLUMNS, *(f"val/{t}_loss" for t in loss_terms)]
-            + [f"lr/pg{j}" for j in range(param_groups)])
+    return [
+        "epoch",
+        "time",
+        *(f"train/{t}_loss" for t in loss_terms),
+        *METRIC_COLUMNS,
+        *(f"val/{t}_loss" for t in loss_terms),
+    ] + [f"lr/pg{j}" for j in range(param_groups)]
 
 
-def results_row(epoch: int, time_s: float, train_losses: dict[str, float], metrics: dict[str, float], val_losses: dict[str, float],
-                lrs: list[float]) -> dict[str, float]:
+def results_row(
+    epoch: int,
+    time_s: float,
+    train_losses: dict[str, float],
+    metrics: dict[str, float],
+    val_losses: dict[str, float],
+    lrs: list[float],
+) -> dict[str, float]:
     """One results.csv row; metrics holds precision, recall, map50, map."""
-    row = {"epoch": epoch, "time": round(time_s, 1), **{f"train/{t}_loss": v for t, v in train_losses.items()},
-           **{f"val/{t}_loss": v for t, v in val_losses.items()}, **{f"lr/pg{j}": lr for j, lr in enumerate(lrs)}}
+    row = {
+        "epoch": epoch,
+        "time": round(time_s, 1),
+        **{f"train/{t}_loss": v for t, v in train_losses.items()},
+        **{f"val/{t}_loss": v for t, v in val_losses.items()},
+        **{f"lr/pg{j}": lr for j, lr in enumerate(lrs)},
+    }
     row.update(zip(METRIC_COLUMNS, (metrics["precision"], metrics["recall"], metrics["map50"], metrics["map"])))
     return row
 

@@ -40,11 +40,20 @@ def graph_mode(setting: bool | str, family: Any, device: torch.device, world_siz
         return True, f"cuda_graph=auto: the network in a graph ({family.name} cannot capture its whole step)"
     if setting == "full" and not plan.full_step:
         return False, f"cuda_graph=full: the {family.name} family does not support whole-step capture; training eager"
-    return setting, f"cuda_graph={asked}: " + ("the whole step in one graph" if setting == "full" else "the network in a graph")
+    return setting, f"cuda_graph={asked}: " + (
+        "the whole step in one graph" if setting == "full" else "the network in a graph"
+    )
 
 
-def select_step(eager: EagerStep, parts: Any, cfg: Any, family: Any, device: torch.device, world_size: int,
-                emit: Callable[[ev.Event], None]) -> tuple[StepRunner, bool | str, str]:
+def select_step(
+    eager: EagerStep,
+    parts: Any,
+    cfg: Any,
+    family: Any,
+    device: torch.device,
+    world_size: int,
+    emit: Callable[[ev.Event], None],
+) -> tuple[StepRunner, bool | str, str]:
     """-> (the step runner, the mode it runs, why). An explicit mode that cannot apply also emits one
     `graph` fallback event (auto's choice is reported by run_start)."""
     mode, reason = graph_mode(cfg.cuda_graph, family, device, world_size)

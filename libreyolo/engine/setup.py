@@ -17,7 +17,14 @@ from libreyolo.data.cache import open_image_cache
 from libreyolo.data.config import DataConfig, list_images, load_data_config
 from libreyolo.data.dataset import AugmentConfig, YOLODataset
 from libreyolo.data.labels import LabelSet, scan_labels
-from libreyolo.data.loader import TrainBatchSampler, ValLoader, default_val_workers, default_workers, train_loader, val_loader
+from libreyolo.data.loader import (
+    TrainBatchSampler,
+    ValLoader,
+    default_val_workers,
+    default_workers,
+    train_loader,
+    val_loader,
+)
 from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim
@@ -98,15 +105,36 @@ class TrainSetup:
     def run_start_event(self) -> ev.RunStart:
         c = self.cfg
         return ev.RunStart(
-            run_dir=str(self.run_dir), model=f"{self.family.prefix}{self.size}", family=self.family.name, task=self.family.task,
-            nc=len(self.names), names=self.names, data=str(self.data.yaml_path), epochs=c.epochs, start_epoch=self.start_epoch,
-            batch=self.batch_per_rank * self.world_size, batch_per_rank=self.batch_per_rank, accumulate=self.accumulate,
-            world_size=self.world_size, imgsz=c.imgsz, device=str(self.device), amp=self.amp.enabled, amp_dtype=self.amp.dtype,
-            cuda_graph=str(c.cuda_graph).lower(), cuda_graph_mode=GRAPH_MODE_NAMES[self.graph_mode], cuda_graph_reason=self.graph_reason,
-            loss_terms=list(self.family.loss_terms), workers=self.workers,
-            optimizer=f"{self.optimizer_name}(lr={self.lr0:g}, momentum={self.momentum:g})", steps_per_epoch=self.sampler.batches_per_epoch(),
-            train_images=self.train_images, val_images=self.val_images, params=sum(p.numel() for p in self.net.parameters()),
-            pid=os.getpid(), resumed=self.resumed, config={k: v for k, v in c.to_dict().items()},
+            run_dir=str(self.run_dir),
+            model=f"{self.family.prefix}{self.size}",
+            family=self.family.name,
+            task=self.family.task,
+            nc=len(self.names),
+            names=self.names,
+            data=str(self.data.yaml_path),
+            epochs=c.epochs,
+            start_epoch=self.start_epoch,
+            batch=self.batch_per_rank * self.world_size,
+            batch_per_rank=self.batch_per_rank,
+            accumulate=self.accumulate,
+            world_size=self.world_size,
+            imgsz=c.imgsz,
+            device=str(self.device),
+            amp=self.amp.enabled,
+            amp_dtype=self.amp.dtype,
+            cuda_graph=str(c.cuda_graph).lower(),
+            cuda_graph_mode=GRAPH_MODE_NAMES[self.graph_mode],
+            cuda_graph_reason=self.graph_reason,
+            loss_terms=list(self.family.loss_terms),
+            workers=self.workers,
+            optimizer=f"{self.optimizer_name}(lr={self.lr0:g}, momentum={self.momentum:g})",
+            steps_per_epoch=self.sampler.batches_per_epoch(),
+            train_images=self.train_images,
+            val_images=self.val_images,
+            params=sum(p.numel() for p in self.net.parameters()),
+            pid=os.getpid(),
+            resumed=self.resumed,
+            config={k: v for k, v in c.to_dict().items()},
         )
 
     def close(self) -> None:
@@ -132,7 +160,9 @@ def _resume_config(trainer: Any) -> dict[str, Any]:
         raise CheckpointError(f"{path} holds weights only (no train state); resume needs a run's weights/last.pt")
     args = dict(ckpt["train_args"])
     if ckpt["epoch"] >= args["epochs"]:
-        raise CheckpointError(f"{path} already finished all {args['epochs']} epochs; nothing to resume. Start a new run with model={path}")
+        raise CheckpointError(
+            f"{path} already finished all {args['epochs']} epochs; nothing to resume. Start a new run with model={path}"
+        )
     args.update({k: getattr(cfg, k) for k in trainer.user_keys & RESUME_OVERRIDABLE})
     args["resume"] = str(path)
     trainer.cfg = TrainConfig.from_overrides(args, family=get_family(ckpt["family"]))
@@ -150,7 +180,9 @@ def _scan(data: DataConfig, split: str, nc: int, notes: list[str]) -> LabelSet:
     for f, why in ls.skipped:
         notes.append(f"{split}: skipped {f}: {why}")
     if not len(ls):
-        raise DataError(f"{data.yaml_path}: {split}: none of the {len(images)} images is usable ({len(ls.skipped)} skipped; first: {ls.skipped[0][1]})")
+        raise DataError(
+            f"{data.yaml_path}: {split}: none of the {len(images)} images is usable ({len(ls.skipped)} skipped; first: {ls.skipped[0][1]})"
+        )
     return ls
 
 
@@ -181,12 +213,21 @@ def build_setup(trainer: Any) -> TrainSetup:
     probe = lambda: autobatch.probe_model(family, model.size, data.nc, cfg, device)  # noqa: E731
     batch = cfg.batch = autobatch.resolve_global_batch(cfg, device, dist, probe, amp.autocast_dtype, notes)
     batch_per_rank = distributed.split_batch(batch, dist.world_size)
-    workers = cfg.workers if cfg.workers is not None else default_workers(batch_per_rank, dist.local_world_size if device.type == "cuda" else 0)
+    workers = (
+        cfg.workers
+        if cfg.workers is not None
+        else default_workers(batch_per_rank, dist.local_world_size if device.type == "cuda" else 0)
+    )
     pin = device.type == "cuda"
     # --- image cache (data/cache.py): cache=ram|disk serves both splits (one RAM copy per host for all ranks);
     # fallbacks and bad files become notes
-    caches = [open_image_cache(cfg.cache, ls, cfg.imgsz, split, notes, progress=dist.is_main) for split, ls in (("train", train_ls), ("val", val_ls))]
-    train_ds = YOLODataset(train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed, image_source=caches[0])
+    caches = [
+        open_image_cache(cfg.cache, ls, cfg.imgsz, split, notes, progress=dist.is_main)
+        for split, ls in (("train", train_ls), ("val", val_ls))
+    ]
+    train_ds = YOLODataset(
+        train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed, image_source=caches[0]
+    )
     val_ds = YOLODataset(val_ls, cfg.imgsz, augment=False, image_source=caches[1])
     cache_closers = [c.close for c in caches if c is not None]  # the last user on the host deletes a RAM cache
     # --- end image cache
@@ -197,7 +238,9 @@ def build_setup(trainer: Any) -> TrainSetup:
     torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 
     ddp = dist.world_size > 1  # DDP hooks the registered parameters' gradients: no flat parameter storage then
-    parts = build_step_parts(family, net, cfg, device, batch, len(train_ds), reduce_normalizer=dist.normalizer_reducer(), flat=not ddp)
+    parts = build_step_parts(
+        family, net, cfg, device, batch, len(train_ds), reduce_normalizer=dist.normalizer_reducer(), flat=not ddp
+    )
     parts.train_net = distributed.sync_batchnorm(parts.train_net, dist, device, cfg.sync_bn, batch_per_rank, notes)
     eager = parts.eager_step(cfg.grad_clip)
     eager.net = dist.wrap(parts.train_net, device)  # the step runs DDP; checkpoints and the EMA keep the plain module
@@ -213,14 +256,43 @@ def build_setup(trainer: Any) -> TrainSetup:
         write_args(run_dir, cfg.to_dict())
 
     s = TrainSetup(
-        cfg=cfg, family=family, size=model.size, names=list(data.names), net=net, train_net=parts.train_net, device=device,
-        amp=parts.amp, scaler=parts.scaler, optimizer=parts.optimizer, optimizer_name=parts.optimizer_name, lr0=parts.lr0,
-        momentum=parts.momentum, ema=parts.ema, step=step, eager=eager, graph_mode=graph_mode, graph_reason=graph_reason,
-        schedule=family.schedule or optim.apply_schedule, loss_fn=parts.loss_fn, val_loss=family.loss(net, cfg),
-        train_loader=tl, val_loader=vl, sampler=tl.batch_sampler, batch_per_rank=batch_per_rank, accumulate=parts.accumulate,
-        warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0, workers=workers,
-        run_dir=run_dir, data=data, train_images=len(train_ds), val_images=len(val_ds), meter=LossMeter(device, len(family.loss_terms)), notes=notes,
-        is_main=dist.is_main, world_size=dist.world_size, dist=dist,
+        cfg=cfg,
+        family=family,
+        size=model.size,
+        names=list(data.names),
+        net=net,
+        train_net=parts.train_net,
+        device=device,
+        amp=parts.amp,
+        scaler=parts.scaler,
+        optimizer=parts.optimizer,
+        optimizer_name=parts.optimizer_name,
+        lr0=parts.lr0,
+        momentum=parts.momentum,
+        ema=parts.ema,
+        step=step,
+        eager=eager,
+        graph_mode=graph_mode,
+        graph_reason=graph_reason,
+        schedule=family.schedule or optim.apply_schedule,
+        loss_fn=parts.loss_fn,
+        val_loss=family.loss(net, cfg),
+        train_loader=tl,
+        val_loader=vl,
+        sampler=tl.batch_sampler,
+        batch_per_rank=batch_per_rank,
+        accumulate=parts.accumulate,
+        warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0,
+        workers=workers,
+        run_dir=run_dir,
+        data=data,
+        train_images=len(train_ds),
+        val_images=len(val_ds),
+        meter=LossMeter(device, len(family.loss_terms)),
+        notes=notes,
+        is_main=dist.is_main,
+        world_size=dist.world_size,
+        dist=dist,
     )
     s.closers = [dist.close, *cache_closers]
     if dist.is_main:  # only rank 0 writes events and runs the renderer and user callbacks

@@ -12,7 +12,14 @@ import torch
 from libreyolo.engine.checkpoint import FORMAT
 
 
-def model_record(family: str, size: str, names: list[str], weights: dict[str, torch.Tensor], imgsz: int, args: dict[str, Any] | None = None) -> dict[str, Any]:
+def model_record(
+    family: str,
+    size: str,
+    names: list[str],
+    weights: dict[str, torch.Tensor],
+    imgsz: int,
+    args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The part every checkpoint has: enough to rebuild the network and run it."""
     from libreyolo import __version__
 

@@ -35,7 +35,9 @@ class StepRunner(Protocol):
     skipped: torch.Tensor | None  # float16 optimizer steps skipped for inf/NaN gradients since last read (device)
     captures_loss: bool  # whether a captured graph holds the loss (a change to the loss then needs a re-capture)
 
-    def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = ...) -> torch.Tensor:
+    def __call__(
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = ...
+    ) -> torch.Tensor:
         """One micro-step (an optimizer step too when boundary); -> the detached loss terms."""
 
     def sync(self) -> None:
@@ -79,10 +81,14 @@ class EagerStep:
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = normalize(img, self.channels_last)
-        with torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None):
+        with torch.autocast(
+            x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
+        ):
             return self.flat.forward(x) if self.flat is not None else self.net(x)
 
-    def __call__(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES) -> torch.Tensor:
+    def __call__(
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES
+    ) -> torch.Tensor:
         """img: uint8 (B, H, W, 3) on the device; returns the detached loss terms [box, cls, dfl]."""
         # DDP: inside an accumulation window gradients stay local; the boundary's backward all-reduces their sum once
         with self.net.no_sync() if not boundary and hasattr(self.net, "no_sync") else contextlib.nullcontext():

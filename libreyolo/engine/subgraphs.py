@@ -79,7 +79,10 @@ class SubmoduleGraphs:
     def _input_shapes(self, img: torch.Tensor) -> dict[str, torch.Tensor]:
         """A no-grad eval-mode forward with hooks: the input each named module receives (shape, dtype, strides)."""
         seen: dict[str, torch.Tensor] = {}
-        hooks = [m.register_forward_pre_hook(lambda _m, args, n=n: seen.setdefault(n, args[0])) for n, m in self.modules.items()]
+        hooks = [
+            m.register_forward_pre_hook(lambda _m, args, n=n: seen.setdefault(n, args[0]))
+            for n, m in self.modules.items()
+        ]
         net = self.eager.net
         was = net.training
         try:
@@ -103,15 +106,22 @@ class SubmoduleGraphs:
         out: dict[str, _ModuleGraph] = {}
         for name, module in self.modules.items():
             s = samples[name]
-            g = _ModuleGraph(torch.empty_strided(s.shape, s.stride(), dtype=s.dtype, device=s.device).requires_grad_(True))
+            g = _ModuleGraph(
+                torch.empty_strided(s.shape, s.stride(), dtype=s.dtype, device=s.device).requires_grad_(True)
+            )
             prefix = name + "."
-            own = {n[len(prefix):]: p for n, p in flat.proxies.items() if n.startswith(prefix)}
+            own = {n[len(prefix) :]: p for n, p in flat.proxies.items() if n.startswith(prefix)}
             if not own:
                 raise RuntimeError(f"capture plan names {name}, which has no trainable parameters")
             g.anchor = next(iter(own.values()))
             unpatched = _Unpatched(module, type(module).forward)  # its instance forward is the replaying one
             with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
-                with torch.autocast("cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False):
+                with torch.autocast(
+                    "cuda",
+                    dtype=e.autocast_dtype or torch.float32,
+                    enabled=e.autocast_dtype is not None,
+                    cache_enabled=False,
+                ):
                     res = torch.func.functional_call(unpatched, {"m." + k: v for k, v in own.items()}, (g.x,))
             g.single = isinstance(res, torch.Tensor)
             g.outs = (res,) if g.single else tuple(res)

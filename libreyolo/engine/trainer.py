@@ -64,7 +64,17 @@ class Trainer:
         status = "failed"
         try:
             self.emit(s.run_start_event())
-            self.emit(ev.Amp(enabled=s.amp.enabled, dtype=s.amp.dtype, scaler=s.amp.scaler, scale=s.scale_value(), skipped_steps=0, epoch=None, reason=s.amp.reason))
+            self.emit(
+                ev.Amp(
+                    enabled=s.amp.enabled,
+                    dtype=s.amp.dtype,
+                    scaler=s.amp.scaler,
+                    scale=s.scale_value(),
+                    skipped_steps=0,
+                    epoch=None,
+                    reason=s.amp.reason,
+                )
+            )
             for msg in s.notes:
                 self.emit(ev.WarningEvent(msg, code="setup"))
             if not s.resumed:
@@ -89,10 +99,17 @@ class Trainer:
             raise
         finally:
             self._close_writer()
-            self.emit(ev.RunEnd(status=status, epochs_done=self.epochs_done, best_fitness=self.best_fitness,
-                                best=str(s.best_path) if s.best_path.exists() else None,
-                                last=str(s.last_path) if s.last_path.exists() else None,
-                                time_s=time.time() - t0, metrics=self.best_metrics))
+            self.emit(
+                ev.RunEnd(
+                    status=status,
+                    epochs_done=self.epochs_done,
+                    best_fitness=self.best_fitness,
+                    best=str(s.best_path) if s.best_path.exists() else None,
+                    last=str(s.last_path) if s.last_path.exists() else None,
+                    time_s=time.time() - t0,
+                    metrics=self.best_metrics,
+                )
+            )
             s.close()
         return self.best_metrics
 
@@ -199,17 +216,37 @@ class Trainer:
         if e.flat is not None:
             forward, inputs = e.forward, list(e.flat.proxies.values())
         else:  # DDP: probe the plain module (the DDP wrapper expects its own backward)
+
             def forward(x: torch.Tensor) -> object:
                 with torch.autocast(x.device.type, dtype=e.autocast_dtype):
                     return s.train_net(normalize(x, e.channels_last))
+
             inputs = [p for p in s.train_net.parameters() if p.requires_grad]
-        scale, exp = probe_loss_scale(s.train_net, forward, e.loss_fn, inputs, img, targets, mask, e.batch_scale,
-                                      agree=lambda finite: s.dist.min(float(finite), s.device) > 0,
-                                      agree_min=lambda x: s.dist.min(x, s.device))
+        scale, exp = probe_loss_scale(
+            s.train_net,
+            forward,
+            e.loss_fn,
+            inputs,
+            img,
+            targets,
+            mask,
+            e.batch_scale,
+            agree=lambda finite: s.dist.min(float(finite), s.device) > 0,
+            agree_min=lambda x: s.dist.min(x, s.device),
+        )
         set_start_scale(s.scaler, scale)
         found = f"finite up to 2^{exp}" if exp is not None else "not finite even at scale 1"
-        self.emit(ev.Amp(enabled=True, dtype=s.amp.dtype, scaler=True, scale=scale, skipped_steps=0, epoch=None,
-                         reason=f"loss scale starts at {scale:g}: the first batch's float16 gradients are {found}"))
+        self.emit(
+            ev.Amp(
+                enabled=True,
+                dtype=s.amp.dtype,
+                scaler=True,
+                scale=scale,
+                skipped_steps=0,
+                epoch=None,
+                reason=f"loss scale starts at {scale:g}: the first batch's float16 gradients are {found}",
+            )
+        )
 
     def _step_event(self, epoch: int, i: int, nb: int, start: int, thr: Throughput) -> None:
         s = self.s
@@ -221,14 +258,30 @@ class Trainer:
         total = (self.cfg.epochs - s.start_epoch) * nb - start
         eta = thr.steady_step_ms / 1000 * (total - done)
         mem = torch.cuda.memory_reserved(s.device) / 1e9 if s.device.type == "cuda" else 0.0
-        self.emit(ev.Step(epoch=epoch, step=i, steps=nb, losses=losses, lr=optim.reported_lr(s.optimizer),
-                          img_s=thr.img_s * s.world_size, data_frac=thr.data_frac, step_ms=thr.step_ms, gpu_mem_gb=mem, eta_s=eta))
+        self.emit(
+            ev.Step(
+                epoch=epoch,
+                step=i,
+                steps=nb,
+                losses=losses,
+                lr=optim.reported_lr(s.optimizer),
+                img_s=thr.img_s * s.world_size,
+                data_frac=thr.data_frac,
+                step_ms=thr.step_ms,
+                gpu_mem_gb=mem,
+                eta_s=eta,
+            )
+        )
 
     def _note_bad(self, paths: list[str]) -> None:
         for p in paths:
             if p not in self.bad_files:
                 self.bad_files.add(p)
-                self.emit(ev.WarningEvent(f"skipped unreadable image {p} (replaced by its neighbour in the batch)", code="bad_image"))
+                self.emit(
+                    ev.WarningEvent(
+                        f"skipped unreadable image {p} (replaced by its neighbour in the batch)", code="bad_image"
+                    )
+                )
 
     def _end_epoch(self, epoch: int) -> None:
         """Losses of the epoch, its validation started (its COCO evaluation lands later: EpochValidations), last.pt,
@@ -245,21 +298,52 @@ class Trainer:
         if s.amp.scaler:
             skipped = int(s.step.skipped.item()) if s.step.skipped is not None else 0
             s.step.skipped = None
-            self.emit(ev.Amp(enabled=True, dtype=s.amp.dtype, scaler=True, scale=s.scale_value(), skipped_steps=skipped, epoch=epoch,
-                             reason=f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, loss scale {s.scale_value():g}"))
+            self.emit(
+                ev.Amp(
+                    enabled=True,
+                    dtype=s.amp.dtype,
+                    scaler=True,
+                    scale=s.scale_value(),
+                    skipped_steps=skipped,
+                    epoch=epoch,
+                    reason=f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, loss scale {s.scale_value():g}",
+                )
+            )
         if s.device.type == "cuda":
-            self.emit(ev.Vram(epoch=epoch, peak_allocated_mb=torch.cuda.max_memory_allocated(s.device) / 2**20,
-                              peak_reserved_mb=torch.cuda.max_memory_reserved(s.device) / 2**20, device=str(s.device)))
+            self.emit(
+                ev.Vram(
+                    epoch=epoch,
+                    peak_allocated_mb=torch.cuda.max_memory_allocated(s.device) / 2**20,
+                    peak_reserved_mb=torch.cuda.max_memory_reserved(s.device) / 2**20,
+                    device=str(s.device),
+                )
+            )
             torch.cuda.reset_peak_memory_stats(s.device)
         n_imgs = s.sampler.sampler.num_samples * s.world_size
         landed = self.vals.fitness.get(epoch)
-        self.emit(ev.EpochEnd(epoch=epoch, losses=losses, lr=lrs, time_s=time.time() - self._epoch_t0,
-                              img_s=n_imgs / max(t_epoch - self._epoch_t0, 1e-9), fitness=landed, best_fitness=self.best_fitness,
-                              skipped_images=len(self.bad_files)))
+        self.emit(
+            ev.EpochEnd(
+                epoch=epoch,
+                losses=losses,
+                lr=lrs,
+                time_s=time.time() - self._epoch_t0,
+                img_s=n_imgs / max(t_epoch - self._epoch_t0, 1e-9),
+                fitness=landed,
+                best_fitness=self.best_fitness,
+                skipped_images=len(self.bad_files),
+            )
+        )
 
     # --- checkpoints --------------------------------------------------------------------------------
-    def save(self, which: str, kind: str | None = None, path: Path | None = None, wait: bool = False,
-             weights: dict[str, torch.Tensor] | None = None, epoch: int | None = None) -> Path:
+    def save(
+        self,
+        which: str,
+        kind: str | None = None,
+        path: Path | None = None,
+        wait: bool = False,
+        weights: dict[str, torch.Tensor] | None = None,
+        epoch: int | None = None,
+    ) -> Path:
         """which: last (full train state) | best | period (weights only). Snapshotted here, written atomically
         by the background writer; its `checkpoint` event comes once the file is in place. weights/epoch: what
         to save instead of the current (EMA) weights, and the epoch they finished (a best.pt decided when its
@@ -274,18 +358,22 @@ class Trainer:
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
         record.update(epoch=epoch, step=step, best_fitness=self.best_fitness, metrics=self.best_metrics)
         if which == "last":
-            record["train"] = snapshot({
-                "net": s.train_net.state_dict(),
-                "optimizer": s.optimizer.state_dict(),
-                "optimizer_name": s.optimizer_name,
-                "scaler": s.scaler.state_dict(),
-                "ema": s.ema.state_dict() if s.ema is not None else None,
-                "rng": rng_state(),
-                "run_dir": str(s.run_dir),
-                "bad_files": sorted(self.bad_files),
-            })
+            record["train"] = snapshot(
+                {
+                    "net": s.train_net.state_dict(),
+                    "optimizer": s.optimizer.state_dict(),
+                    "optimizer_name": s.optimizer_name,
+                    "scaler": s.scaler.state_dict(),
+                    "ema": s.ema.state_dict() if s.ema is not None else None,
+                    "rng": rng_state(),
+                    "run_dir": str(s.run_dir),
+                    "bad_files": sorted(self.bad_files),
+                }
+            )
         path = path or (s.last_path if which == "last" else s.best_path)
-        self.writer.submit(record, path, lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step)))
+        self.writer.submit(
+            record, path, lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step))
+        )
         self.writer.drain(wait=wait)
         return path
 

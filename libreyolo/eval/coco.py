@@ -45,14 +45,26 @@ class CocoAccumulator:
         self._gt: list[np.ndarray] = []  # (n, 6) image id, class, x1, y1, x2, y2 of images added one at a time
         self._dt: list[np.ndarray] = []  # (m, 7) image id, class, x1, y1, x2, y2, score
 
-    def add(self, image_id: int, size_hw: tuple[int, int], gt: np.ndarray, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> None:
+    def add(
+        self,
+        image_id: int,
+        size_hw: tuple[int, int],
+        gt: np.ndarray,
+        boxes: np.ndarray,
+        scores: np.ndarray,
+        classes: np.ndarray,
+    ) -> None:
         """One image: gt (n, 5) class, x1, y1, x2, y2; boxes (m, 4) xyxy; scores (m,); classes (m,)."""
         if self._all_gt is not None:
             raise ValueError("this accumulator takes the dataset's ground truth: add whole batches with add_batch")
         self._ids.append(np.array([image_id], np.int64))
         self._sizes.append(np.array([size_hw], np.float64))
         self._gt.append(np.column_stack([np.full(len(gt), image_id), np.asarray(gt, np.float64).reshape(-1, 5)]))
-        self._dt.append(np.column_stack([np.full(len(boxes), image_id), classes, np.asarray(boxes).reshape(-1, 4), scores]).astype(np.float64))
+        self._dt.append(
+            np.column_stack([np.full(len(boxes), image_id), classes, np.asarray(boxes).reshape(-1, 4), scores]).astype(
+                np.float64
+            )
+        )
 
     def add_batch(self, image_ids: np.ndarray, dets: np.ndarray) -> None:
         """A batch: image_ids (B,) dataset image ids; dets (N, 7) batch position, x1, y1, x2, y2, score, class."""
@@ -80,7 +92,11 @@ class CocoAccumulator:
         if not len(gt) or not len(dt):
             return zero
         nc = len(self.names)
-        groups = _category_groups(dt[:, 1], nc, workers) if workers > 1 and len(dt) >= PARALLEL_MIN_DETECTIONS else [np.arange(nc)]
+        groups = (
+            _category_groups(dt[:, 1], nc, workers)
+            if workers > 1 and len(dt) >= PARALLEL_MIN_DETECTIONS
+            else [np.arange(nc)]
+        )
         if len(groups) == 1:
             precision, rec_thrs, iou_thrs = _evaluate(images, gt, dt, np.arange(nc))
         else:
@@ -124,7 +140,9 @@ def _category_groups(classes: np.ndarray, nc: int, workers: int) -> list[np.ndar
     return [np.sort(np.array(g, np.int64)) for g in groups if g]
 
 
-def _evaluate(images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _evaluate(
+    images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """faster-coco-eval on these images and categories -> precision (T, R, K) at area 'all' and MAX_DETS, the
     recall thresholds (R,) and the IoU thresholds (T,)."""
     quiet = {"print_function": lambda *a, **k: None}
@@ -136,7 +154,9 @@ def _evaluate(images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarr
         from faster_coco_eval import COCO, COCOeval_faster  # on first use: not part of a run's start-up
 
         cgt = COCO({"images": img_dicts, "annotations": _annotations(gt, None), "categories": categories}, **quiet)
-        cdt = COCO({"images": img_dicts, "annotations": _annotations(dt[:, :6], dt[:, 6]), "categories": categories}, **quiet)
+        cdt = COCO(
+            {"images": img_dicts, "annotations": _annotations(dt[:, :6], dt[:, 6]), "categories": categories}, **quiet
+        )
         ev = COCOeval_faster(cgt, cdt, "bbox", **quiet)
         p = ev.params
         p.areaRng, p.areaRngLbl, p.maxDets = p.areaRng[:1], p.areaRngLbl[:1], [MAX_DETS]
@@ -153,13 +173,24 @@ def _annotations(rows: np.ndarray, scores: np.ndarray | None) -> list[dict[str, 
     if not len(rows):
         return []
     w, h = rows[:, 4] - rows[:, 2], rows[:, 5] - rows[:, 3]
-    cols = (rows[:, 0].astype(np.int64).tolist(), rows[:, 1].astype(np.int64).tolist(), rows[:, 2].tolist(), rows[:, 3].tolist(),
-            w.tolist(), h.tolist(), (w * h).tolist())
+    cols = (
+        rows[:, 0].astype(np.int64).tolist(),
+        rows[:, 1].astype(np.int64).tolist(),
+        rows[:, 2].tolist(),
+        rows[:, 3].tolist(),
+        w.tolist(),
+        h.tolist(),
+        (w * h).tolist(),
+    )
     if scores is None:
-        return [{"id": k, "image_id": i, "category_id": c, "bbox": [x, y, bw, bh], "area": a, "iscrowd": 0}
-                for k, (i, c, x, y, bw, bh, a) in enumerate(zip(*cols), 1)]
-    return [{"id": k, "image_id": i, "category_id": c, "bbox": [x, y, bw, bh], "area": a, "iscrowd": 0, "score": s}
-            for k, (i, c, x, y, bw, bh, a, s) in enumerate(zip(*cols, scores.tolist()), 1)]
+        return [
+            {"id": k, "image_id": i, "category_id": c, "bbox": [x, y, bw, bh], "area": a, "iscrowd": 0}
+            for k, (i, c, x, y, bw, bh, a) in enumerate(zip(*cols), 1)
+        ]
+    return [
+        {"id": k, "image_id": i, "category_id": c, "bbox": [x, y, bw, bh], "area": a, "iscrowd": 0, "score": s}
+        for k, (i, c, x, y, bw, bh, a, s) in enumerate(zip(*cols, scores.tolist()), 1)
+    ]
 
 
 def _valid_mean(s: np.ndarray) -> float:

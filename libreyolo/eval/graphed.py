@@ -27,15 +27,24 @@ class EvalGraph:
         """What the loss computes changed (a family hook): capture anew at the next validation."""
         self.graph, self.key = None, None
 
-    def _body(self, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]) -> tuple[Any, torch.Tensor | None]:
+    def _body(
+        self, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]
+    ) -> tuple[Any, torch.Tensor | None]:
         # the autocast weight-cast cache must not outlive a capture: the casts are captured kernels
-        with torch.autocast(x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None, cache_enabled=False):
+        with torch.autocast(
+            x.device.type,
+            dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+            cache_enabled=False,
+        ):
             raw = self.net(x)
         items = self.loss_fn(raw, targets, mask, imgsz, 1.0)[1] if self.loss_fn is not None else None
         return raw, items
 
     @torch.no_grad()
-    def __call__(self, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]) -> tuple[Any, torch.Tensor | None]:
+    def __call__(
+        self, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]
+    ) -> tuple[Any, torch.Tensor | None]:
         """-> (what the network returns, the detached loss terms or None). Outputs of a replay are the graph's own
         buffers: read them before the next call."""
         if x.device.type != "cuda" or self.error is not None or targets.shape[1] > self.capacity:
@@ -60,7 +69,9 @@ class EvalGraph:
         self.replays += 1
         return self.raw, self.items
 
-    def _capture(self, key: tuple, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]) -> None:
+    def _capture(
+        self, key: tuple, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]
+    ) -> None:
         # warm-up on a side stream first (cuDNN and cuBLAS set themselves up outside the capture)
         side = torch.cuda.Stream(x.device)
         side.wait_stream(torch.cuda.current_stream(x.device))

@@ -30,7 +30,9 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
     dc = load_data_config(data or cfg.data)
     if dc.names != model.names and len(dc.names) != model.nc:
-        raise DataError(f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: {model.names}")
+        raise DataError(
+            f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: {model.names}"
+        )
     images = list_images(getattr(dc, split))
     ls = scan_labels(images, dc.nc)
     if not len(ls):
@@ -41,7 +43,18 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     net = model.net.to(device)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     # a large COCO evaluation (COCO val2017 holds up to 1.5 M detections) is split by categories over processes
-    out = validate(net, model.family, loader, device, model.names, model.family.loss(net, cfg), cfg.conf, cfg.iou, cfg.max_det,
-                   amp.autocast_dtype, eval_workers=min(8, cpu_count()))
+    out = validate(
+        net,
+        model.family,
+        loader,
+        device,
+        model.names,
+        model.family.loss(net, cfg),
+        cfg.conf,
+        cfg.iou,
+        cfg.max_det,
+        amp.autocast_dtype,
+        eval_workers=min(8, cpu_count()),
+    )
     out["skipped"] = [f for f, _ in ls.skipped] + out.pop("bad")
     return out

@@ -71,7 +71,12 @@ class PendingValidation:
             with _EVAL_LOCK:
                 t = time.perf_counter()
                 metrics = self._acc.evaluate(self._workers)
-                self._out = {**metrics, **self._base, "eval_s": time.perf_counter() - t, "detections": self._acc.num_detections}
+                self._out = {
+                    **metrics,
+                    **self._base,
+                    "eval_s": time.perf_counter() - t,
+                    "detections": self._acc.num_detections,
+                }
         except BaseException as e:  # handed to whoever asks for the result
             self._error = e
         self._acc = None  # the detections are no longer needed
@@ -149,24 +154,37 @@ def start_validation(
             with st("forward"):
                 x = to_input(batch["img"], device, channels_last)
                 if size and n < size:
-                    x = torch.cat((x, x.new_zeros((size - n, *x.shape[1:])))).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+                    x = torch.cat((x, x.new_zeros((size - n, *x.shape[1:])))).contiguous(
+                        memory_format=torch.channels_last if channels_last else torch.contiguous_format
+                    )
                 imgsz = (x.shape[2], x.shape[3])
                 items = None
                 if graph is not None:
-                    targets, mask = batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True)
+                    targets, mask = (
+                        batch["targets"].to(device, non_blocking=True),
+                        batch["mask"].to(device, non_blocking=True),
+                    )
                     if x.shape[0] > n:  # the padding images have no labels
                         targets = torch.nn.functional.pad(targets, (0, 0, 0, 0, 0, x.shape[0] - n))
                         mask = torch.nn.functional.pad(mask, (0, 0, 0, x.shape[0] - n))
                     raw, items = graph(x, targets, mask, imgsz)
                 else:
-                    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                    with torch.autocast(
+                        device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
+                    ):
                         raw = net(x)
                 if x.shape[0] > n:  # padded: the loss of the real images only
                     raw, items = _first(raw, n), None
             if loss_fn is not None:
                 with st("loss"):
                     if items is None:
-                        _, items = loss_fn(raw, batch["targets"].to(device, non_blocking=True), batch["mask"].to(device, non_blocking=True), imgsz, 1.0)
+                        _, items = loss_fn(
+                            raw,
+                            batch["targets"].to(device, non_blocking=True),
+                            batch["mask"].to(device, non_blocking=True),
+                            imgsz,
+                            1.0,
+                        )
                     loss_sum += items
             with st("postprocess"):
                 packed = family.postprocess(net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=True)
@@ -178,16 +196,34 @@ def start_validation(
         losses = (loss_sum / max(batches, 1)).tolist()
     finally:
         net.train(was_training)
-    base = {"losses": dict(zip(family.loss_terms, losses)), "images": acc.num_images, "time_s": time.perf_counter() - t0, "bad": bad}
+    base = {
+        "losses": dict(zip(family.loss_terms, losses)),
+        "images": acc.num_images,
+        "time_s": time.perf_counter() - t0,
+        "bad": bad,
+    }
     return PendingValidation(acc, base, eval_workers, background)
 
 
-def validate(net: nn.Module, family: Any, loader: Any, device: torch.device, names: list[str], loss_fn: Callable | None = None,
-             conf: float = 0.001, iou: float = 0.7, max_det: int = 300, autocast_dtype: torch.dtype | None = None,
-             channels_last: bool = False, **kwargs: Any) -> dict[str, Any]:
+def validate(
+    net: nn.Module,
+    family: Any,
+    loader: Any,
+    device: torch.device,
+    names: list[str],
+    loss_fn: Callable | None = None,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    autocast_dtype: torch.dtype | None = None,
+    channels_last: bool = False,
+    **kwargs: Any,
+) -> dict[str, Any]:
     """`start_validation` and its result (the metrics dict it describes); the COCO evaluation runs in this thread."""
     kwargs.setdefault("background", False)
-    return start_validation(net, family, loader, device, names, loss_fn, conf, iou, max_det, autocast_dtype, channels_last, **kwargs).result()
+    return start_validation(
+        net, family, loader, device, names, loss_fn, conf, iou, max_det, autocast_dtype, channels_last, **kwargs
+    ).result()
 
 
 def to_original(packed: torch.Tensor, scale: torch.Tensor, pad: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:

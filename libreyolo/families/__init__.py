@@ -21,8 +21,9 @@ _BUILTIN = ("libreyolo.families.yolo9", "libreyolo.families.yolox")
 
 
 class LossFn(Protocol):
-    def __call__(self, outputs: Any, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int],
-                 batch_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, outputs: Any, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """outputs: whatever the train net (training) or the detector (validation) returns; targets (B, M, 5)
         class, x1, y1, x2, y2 in input pixels, padded, with mask (B, M). -> (the loss to back-propagate,
         the detached loss terms in `Family.loss_terms` order, shape (len(loss_terms),)). Static shapes and no
@@ -30,15 +31,31 @@ class LossFn(Protocol):
 
 
 class PostprocessFn(Protocol):
-    def __call__(self, net: nn.Module, raw: Any, imgsz: tuple[int, int], conf: float, iou: float, max_det: int,
-                 multi_label: bool = False) -> torch.Tensor:
+    def __call__(
+        self,
+        net: nn.Module,
+        raw: Any,
+        imgsz: tuple[int, int],
+        conf: float,
+        iou: float,
+        max_det: int,
+        multi_label: bool = False,
+    ) -> torch.Tensor:
         """Whatever the detector returns in eval mode -> packed detections (N, 7) on its device: batch index,
         x1, y1, x2, y2 (input pixels), score, class; grouped by image in batch order, best score first."""
 
 
 class ScheduleFn(Protocol):
-    def __call__(self, optimizer: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int,
-                 momentum: float, steps_per_epoch: int) -> None:
+    def __call__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        cfg: Any,
+        epoch: int,
+        ni: int,
+        warmup_iters: int,
+        momentum: float,
+        steps_per_epoch: int,
+    ) -> None:
         """Set each param group's lr (and momentum) for global iteration ni (ni // steps_per_epoch == epoch)."""
 
 

@@ -8,8 +8,12 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 # torch's process-wide module hooks (registered by torch.nn.modules.module.register_module_forward_hook & co.)
-_GLOBAL_HOOKS = (_module._global_backward_pre_hooks, _module._global_backward_hooks, _module._global_forward_pre_hooks,
-                 _module._global_forward_hooks)
+_GLOBAL_HOOKS = (
+    _module._global_backward_pre_hooks,
+    _module._global_backward_hooks,
+    _module._global_forward_pre_hooks,
+    _module._global_forward_hooks,
+)
 
 
 def autopad(k: int, p: int | None = None, d: int = 1) -> int:
@@ -51,24 +55,51 @@ class Conv(nn.Module):
         y = F.conv2d(x, p["weight"], p["bias"], conv.stride, conv.padding, conv.dilation, conv.groups)
         if bn.training and y.shape[0] * y.shape[2] * y.shape[3] == 1:
             return act(bn(y))  # BatchNorm's own error: one value per channel
-        y = torch.batch_norm(y, b["weight"], b["bias"], bn._buffers["running_mean"], bn._buffers["running_var"], bn.training,
-                             bn.momentum, bn.eps, torch.backends.cudnn.enabled)
+        y = torch.batch_norm(
+            y,
+            b["weight"],
+            b["bias"],
+            bn._buffers["running_mean"],
+            bn._buffers["running_var"],
+            bn.training,
+            bn.momentum,
+            bn.eps,
+            torch.backends.cudnn.enabled,
+        )
         return F.silu(y) if type(act) is nn.SiLU else y
 
 
 def _plain(m: nn.Module) -> bool:
     """Calling m would run its class's forward and nothing else: no hooks of its own, no forward patched on it."""
-    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or "forward" in m.__dict__)
+    return not (
+        m._forward_hooks
+        or m._forward_pre_hooks
+        or m._backward_hooks
+        or m._backward_pre_hooks
+        or "forward" in m.__dict__
+    )
 
 
 def _inline(conv: nn.Module, bn: nn.Module, act: nn.Module) -> bool:
     """Whether Conv may compute conv -> bn -> act as functions: exactly these torch classes (not SyncBatchNorm, which
     DDP swaps in, nor a subclass), BatchNorm tracking running statistics with a fixed momentum and no batch counter
     (batch_norm() below), nothing hooked, no tracing (which records module scopes)."""
-    return (type(conv) is nn.Conv2d and type(bn) is nn.BatchNorm2d and type(act) in (nn.SiLU, nn.Identity) and conv.padding_mode == "zeros"
-            and bn.track_running_stats and bn.momentum is not None and bn._buffers.get("num_batches_tracked") is None
-            and bn._buffers["running_mean"] is not None and not (type(act) is nn.SiLU and act.inplace)
-            and _plain(conv) and _plain(bn) and _plain(act) and not any(_GLOBAL_HOOKS) and not torch._C._get_tracing_state())
+    return (
+        type(conv) is nn.Conv2d
+        and type(bn) is nn.BatchNorm2d
+        and type(act) in (nn.SiLU, nn.Identity)
+        and conv.padding_mode == "zeros"
+        and bn.track_running_stats
+        and bn.momentum is not None
+        and bn._buffers.get("num_batches_tracked") is None
+        and bn._buffers["running_mean"] is not None
+        and not (type(act) is nn.SiLU and act.inplace)
+        and _plain(conv)
+        and _plain(bn)
+        and _plain(act)
+        and not any(_GLOBAL_HOOKS)
+        and not torch._C._get_tracing_state()
+    )
 
 
 class RepConvN(nn.Module):

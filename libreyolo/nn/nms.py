@@ -64,8 +64,16 @@ def _order_key(score: torch.Tensor, conf: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def nms_packed(boxes: torch.Tensor, scores: torch.Tensor, conf: float, iou: float, max_det: int, multi_label: bool = False,
-               max_nms: int = 30000, boxes_per_call: int | None = None) -> torch.Tensor:
+def nms_packed(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    conf: float,
+    iou: float,
+    max_det: int,
+    multi_label: bool = False,
+    max_nms: int = 30000,
+    boxes_per_call: int | None = None,
+) -> torch.Tensor:
     """boxes (B, A, 4) xyxy, scores (B, A, C) class probabilities -> packed (N, 7) detections (module docstring).
 
     Host synchronisations: one for the candidate counts, then per round one inside each torchvision NMS call (its
@@ -123,7 +131,15 @@ def nms_packed(boxes: torch.Tensor, scores: torch.Tensor, conf: float, iou: floa
     fi, fr = _ragged(final, dev)
     at = starts[fi] + fr
     img, pos = img[at], pos[at]
-    return torch.cat((img[:, None].float(), cand_boxes[img, pos].float(), cand_score[img, pos, None].float(), cand_cls[img, pos, None].float()), 1)
+    return torch.cat(
+        (
+            img[:, None].float(),
+            cand_boxes[img, pos].float(),
+            cand_score[img, pos, None].float(),
+            cand_cls[img, pos, None].float(),
+        ),
+        1,
+    )
 
 
 def _top_candidates(scores: torch.Tensor, conf: float, multi_label: bool, max_nms: int) -> tuple[torch.Tensor, ...]:
@@ -160,8 +176,15 @@ def _ragged(lengths: list[int], device: torch.device) -> tuple[torch.Tensor, tor
 
 
 @torch.no_grad()
-def nms_packed_reference(boxes: torch.Tensor, scores: torch.Tensor, conf: float, iou: float, max_det: int, multi_label: bool = False,
-                         max_nms: int = 30000) -> torch.Tensor:
+def nms_packed_reference(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    conf: float,
+    iou: float,
+    max_det: int,
+    multi_label: bool = False,
+    max_nms: int = 30000,
+) -> torch.Tensor:
     """The per-image loop that defines `nms_packed`'s result (module docstring); slow, for tests."""
     B, A, C = scores.shape
     dev = boxes.device
@@ -183,7 +206,17 @@ def nms_packed_reference(boxes: torch.Tensor, scores: torch.Tensor, conf: float,
         bx = boxes[b, i]
         keep = _nms()(_shifted(bx, b * C + cl, span), _rank(len(sc), dev), iou)[:max_det]
         n = keep.numel()
-        out.append(torch.cat((torch.full((n, 1), float(b), device=dev), bx[keep].float(), sc[keep, None].float(), cl[keep, None].float()), 1))
+        out.append(
+            torch.cat(
+                (
+                    torch.full((n, 1), float(b), device=dev),
+                    bx[keep].float(),
+                    sc[keep, None].float(),
+                    cl[keep, None].float(),
+                ),
+                1,
+            )
+        )
     return torch.cat(out)
 
 
@@ -202,7 +235,12 @@ def _nms() -> Any:
     try:
         folder = Path(importlib.util.find_spec("torchvision").submodule_search_locations[0])
         # the extension's name by torchvision release (_C_stable from 0.27 on), with Python's extension suffixes
-        lib = next(folder / (n + x) for n in ("_C_stable", "_C") for x in importlib.machinery.EXTENSION_SUFFIXES if (folder / (n + x)).is_file())
+        lib = next(
+            folder / (n + x)
+            for n in ("_C_stable", "_C")
+            for x in importlib.machinery.EXTENSION_SUFFIXES
+            if (folder / (n + x)).is_file()
+        )
         torch.ops.load_library(str(lib))
         return torch.ops.torchvision.nms
     except Exception:

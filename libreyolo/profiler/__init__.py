@@ -22,8 +22,12 @@ def attach(trainer: Any) -> Window | None:
     s = trainer.s
     if s.world_size > 1:
         # each rank would profile its own share and disagree; one process gives the clean answer
-        trainer.emit(ev.WarningEvent(
-            f"profile=true is ignored under DDP (world_size={s.world_size}); profile one GPU instead (device=0)", code="profile"))
+        trainer.emit(
+            ev.WarningEvent(
+                f"profile=true is ignored under DDP (world_size={s.world_size}); profile one GPU instead (device=0)",
+                code="profile",
+            )
+        )
         return None
     cfg = trainer.cfg
     window = Window(trainer, Plan.from_config(cfg.profile_warmup, cfg.profile_steps), _finish)
@@ -38,8 +42,13 @@ def _finish(w: Window) -> None:
     except Exception as e:  # noqa: BLE001 - any failure of the analysis becomes a warning, training goes on
         path = w.trainer.s.run_dir / "profile_error.txt"
         path.write_text(traceback.format_exc(), encoding="utf-8")
-        w.trainer.emit(ev.WarningEvent(f"profile: the report failed ({type(e).__name__}: {e}); training continues. "
-                                       f"Traceback in {path}; profile_trace.json holds the raw trace.", code="profile"))
+        w.trainer.emit(
+            ev.WarningEvent(
+                f"profile: the report failed ({type(e).__name__}: {e}); training continues. "
+                f"Traceback in {path}; profile_trace.json holds the raw trace.",
+                code="profile",
+            )
+        )
 
 
 def _report(w: Window) -> None:
@@ -59,5 +68,15 @@ def _report(w: Window) -> None:
     if tr.s.is_main:
         print_report(profile)
     v, h = profile["verdict"], profile["headline"]
-    tr.emit(ev.Profile(verdict=v["name"], why=v["why"], levers=v["levers"], step_ms=h["step_ms"], img_s=h["img_s"],
-                       utilization=h["utilization"], phases={p["name"]: p["synced_ms"] for p in profile["phases"]}, artifacts=paths))
+    tr.emit(
+        ev.Profile(
+            verdict=v["name"],
+            why=v["why"],
+            levers=v["levers"],
+            step_ms=h["step_ms"],
+            img_s=h["img_s"],
+            utilization=h["utilization"],
+            phases={p["name"]: p["synced_ms"] for p in profile["phases"]},
+            artifacts=paths,
+        )
+    )

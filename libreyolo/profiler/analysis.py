@@ -28,10 +28,17 @@ _CATEGORY_RULES = (
     ("gemm", re.compile(r"gemm|matmul|cublas|cutlass|nvjet|\bmm_|_mm\b|bmm", re.I)),
     ("reduction", re.compile(r"reduce|softmax|argmax|argmin|topk|sort|scan|cub::|sum_|_sum|mean|norm_kernel", re.I)),
     ("optimizer", re.compile(r"multi_tensor_apply|foreach|fused_adam|fused_sgd", re.I)),
-    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|copy|fill|index|cat_|where|clamp|sigmoid|silu|add|mul", re.I)),
+    (
+        "elementwise",
+        re.compile(
+            r"elementwise|vectorized|unrolled|pointwise|copy|fill|index|cat_|where|clamp|sigmoid|silu|add|mul", re.I
+        ),
+    ),
 )
 # kernel names that say they run on tensor cores (mma/xmma/wgmma families, tensor-op GEMMs, cuBLASLt's nvjet)
-_TENSOR_CORE = re.compile(r"h884|h1688|h16816|s1688|s16816|i8816|hmma|imma|tensorop|xmma|wgmma|gmma|_tf32|nvjet|bf16.*gemm|gemm.*bf16", re.I)
+_TENSOR_CORE = re.compile(
+    r"h884|h1688|h16816|s1688|s16816|i8816|hmma|imma|tensorop|xmma|wgmma|gmma|_tf32|nvjet|bf16.*gemm|gemm.*bf16", re.I
+)
 
 
 def kernel_category(name: str, cat: str = "kernel") -> str:
@@ -87,15 +94,18 @@ class Trace:
 
 def slice_trace(trace: dict[str, Any]) -> Trace:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and "ts" in e]
-    segs = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-                  if e.get("cat") == "user_annotation" and e.get("name") == ANNOTATION + "segment")
+    segs = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("cat") == "user_annotation" and e.get("name") == ANNOTATION + "segment"
+    )
     t = Trace(segments=segs)
     for e in events:
         cat, name = e.get("cat", ""), e.get("name", "")
         if not t.inside(float(e["ts"])):
             continue
         if cat == "user_annotation" and name.startswith(ANNOTATION):
-            short = name[len(ANNOTATION):]
+            short = name[len(ANNOTATION) :]
             if short == "step":
                 t.steps.append(e)
             elif short in PHASES:
@@ -190,25 +200,33 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
     phase_gpu_us: dict[str, float] = defaultdict(float)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for k, ph in zip(t.kernels, owner):
-        phase = t.phases[ph]["name"][len(ANNOTATION):] if ph is not None else "other"
+        phase = t.phases[ph]["name"][len(ANNOTATION) :] if ph is not None else "other"
         phase_gpu_us[phase] += float(k["dur"])
         row = rows.setdefault((k["name"], phase), {"name": k["name"], "phase": phase, "us": 0.0, "count": 0})
         row["us"] += float(k["dur"])
         row["count"] += 1
     for c in t.copies:
-        row = rows.setdefault((c["name"], "copy"), {"name": c["name"], "phase": "copy", "us": 0.0, "count": 0, "cat": c.get("cat")})
+        row = rows.setdefault(
+            (c["name"], "copy"), {"name": c["name"], "phase": "copy", "us": 0.0, "count": 0, "cat": c.get("cat")}
+        )
         row["us"] += float(c["dur"])
         row["count"] += 1
     gpu_total = kernel_us + sum(float(c["dur"]) for c in t.copies)
     kernels = []
     for r in rows.values():
         category = kernel_category(r["name"], r.get("cat", "kernel"))
-        kernels.append({
-            "name": r["name"], "category": category, "phase": r["phase"],
-            "ms_per_step": r["us"] / 1000 / steps, "pct_gpu": 100 * r["us"] / gpu_total if gpu_total else 0.0,
-            "count_per_step": r["count"] / steps, "mean_us": r["us"] / r["count"],
-            "tensor_core": category in ("conv", "gemm") and is_tensor_core(r["name"]),
-        })
+        kernels.append(
+            {
+                "name": r["name"],
+                "category": category,
+                "phase": r["phase"],
+                "ms_per_step": r["us"] / 1000 / steps,
+                "pct_gpu": 100 * r["us"] / gpu_total if gpu_total else 0.0,
+                "count_per_step": r["count"] / steps,
+                "mean_us": r["us"] / r["count"],
+                "tensor_core": category in ("conv", "gemm") and is_tensor_core(r["name"]),
+            }
+        )
     kernels.sort(key=lambda r: -r["ms_per_step"])
     cats: dict[str, dict[str, float]] = defaultdict(lambda: {"ms_per_step": 0.0, "pct_gpu": 0.0, "count_per_step": 0.0})
     for r in kernels:
@@ -224,8 +242,18 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
         a["calls"] += 1
         a["self_us"] += su
         a["total_us"] += float(o["dur"])
-    cpu_ops = sorted(({"name": n, "calls_per_step": a["calls"] / steps, "self_ms_per_step": a["self_us"] / 1000 / steps,
-                       "total_ms_per_step": a["total_us"] / 1000 / steps} for n, a in ops.items()), key=lambda r: -r["self_ms_per_step"])
+    cpu_ops = sorted(
+        (
+            {
+                "name": n,
+                "calls_per_step": a["calls"] / steps,
+                "self_ms_per_step": a["self_us"] / 1000 / steps,
+                "total_ms_per_step": a["total_us"] / 1000 / steps,
+            }
+            for n, a in ops.items()
+        ),
+        key=lambda r: -r["self_ms_per_step"],
+    )
     return {
         "trace_wall_ms_per_step": wall / 1000 / steps,
         "traced_steps": len(t.steps),
@@ -236,7 +264,9 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
         "tensor_core_frac": tc_us / kernel_us if kernel_us else 0.0,
         "malloc_per_step": mallocs / steps,
         "free_per_step": frees / steps,
-        "gpu_ms": {p: phase_gpu_us.get(p, 0.0) / 1000 / steps for p in (*PHASES, "other") if p in phase_gpu_us or p in PHASES},
+        "gpu_ms": {
+            p: phase_gpu_us.get(p, 0.0) / 1000 / steps for p in (*PHASES, "other") if p in phase_gpu_us or p in PHASES
+        },
         "kernels": kernels,
         "categories": categories,
         "cpu_ops": cpu_ops[:50],

@@ -52,7 +52,7 @@ def timeline_data(t: Trace, profile: dict[str, Any]) -> dict[str, Any]:
     for e in t.steps:
         b.add(host, 0, float(e["ts"]), float(e["dur"]), "step", "step")
     for e in t.phases:
-        name = e["name"][len(ANNOTATION):]
+        name = e["name"][len(ANNOTATION) :]
         b.add(host, 1, float(e["ts"]), float(e["dur"]), name, name)
     if t.kernels:
         gpu_phase = b.lane("phases · GPU", "phases")
@@ -63,7 +63,7 @@ def timeline_data(t: Trace, profile: dict[str, Any]) -> dict[str, Any]:
                 span = spans.setdefault(ph, [s, e])
                 span[0], span[1] = min(span[0], s), max(span[1], e)
         for ph, (s, e) in spans.items():
-            name = t.phases[ph]["name"][len(ANNOTATION):]
+            name = t.phases[ph]["name"][len(ANNOTATION) :]
             b.add(gpu_phase, 0, s, e - s, name, name)
     ops = sorted(t.cpu_ops, key=lambda o: -float(o["dur"]))[:MAX_CPU_OPS]
     depth = depths(ops)
@@ -86,10 +86,17 @@ def timeline_data(t: Trace, profile: dict[str, Any]) -> dict[str, Any]:
         for c in t.copies:
             b.add(copies, 0, float(c["ts"]), float(c["dur"]), c["name"], kernel_category(c["name"], c.get("cat", "")))
     return {
-        "lanes": b.lanes, "events": b.events, "names": b.names,
+        "lanes": b.lanes,
+        "events": b.events,
+        "names": b.names,
         "segments": [[round(s - b.t0, 3), round(e - b.t0, 3)] for s, e in t.segments],
-        "verdict": profile["verdict"], "headline": profile["headline"], "meta": profile["meta"], "window": profile["window"],
-        "phases": profile["phases"], "kernels": profile["kernels"][:15], "cpu_ops": profile["cpu_ops"][:15],
+        "verdict": profile["verdict"],
+        "headline": profile["headline"],
+        "meta": profile["meta"],
+        "window": profile["window"],
+        "phases": profile["phases"],
+        "kernels": profile["kernels"][:15],
+        "cpu_ops": profile["cpu_ops"][:15],
     }
 
 
@@ -97,10 +104,15 @@ def render_timeline(data: dict[str, Any]) -> str:
     # "</" inside a <script> element would end it early; JSON allows the escaped form
     payload = json.dumps(data, separators=(",", ":"), default=float).replace("</", "<\\/")
     html = _template("timeline.html")
-    for marker, text in (("/*@TIMELINE_CSS@*/", _template("timeline.css")), ("/*@TIMELINE_JS@*/", _template("timeline.js")),
-                         ("@TIMELINE_DATA@", payload)):
+    for marker, text in (
+        ("/*@TIMELINE_CSS@*/", _template("timeline.css")),
+        ("/*@TIMELINE_JS@*/", _template("timeline.js")),
+        ("@TIMELINE_DATA@", payload),
+    ):
         if marker not in html:
-            raise RuntimeError(f"libreyolo/profiler/timeline.html lacks the {marker} marker; the package data is damaged, reinstall libreyolo")
+            raise RuntimeError(
+                f"libreyolo/profiler/timeline.html lacks the {marker} marker; the package data is damaged, reinstall libreyolo"
+            )
         html = html.replace(marker, text, 1)
     return html
 

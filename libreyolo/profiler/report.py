@@ -31,22 +31,37 @@ def _table(title: str, columns: list[str]) -> Table:
     t = Table(title=title, title_justify="left", box=None, padding=(0, 2), header_style="bold", show_edge=False)
     for i, c in enumerate(columns):
         # the name column folds; the figures never shrink to an ellipsis
-        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i > 0, min_width=24 if i == 0 else None)
+        t.add_column(
+            c, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i > 0, min_width=24 if i == 0 else None
+        )
     return t
 
 
 def headline_table(p: dict[str, Any]) -> Table:
     h, m, w = p["headline"], p["meta"], p["window"]
-    t = _table(f"{m['model']} on {m['device_name']} · batch {m['batch']} · {m['imgsz']} px · amp {m['amp_dtype'] if m['amp'] else 'off'} · "
-               f"workers {m['workers']} · {w['unsync_steps']}+{w['sync_steps']} steps after {w['warmup_steps']} warmup", ["figure", "value"])
-    rows = [("step time (unsynchronised)", f"{_n(h['step_ms'])} ms"), ("images / s", _n(h["img_s"])),
-            ("data wait", f"{_n(h['data_ms'])} ms ({_pct(h['data_frac'])})")]
+    t = _table(
+        f"{m['model']} on {m['device_name']} · batch {m['batch']} · {m['imgsz']} px · amp {m['amp_dtype'] if m['amp'] else 'off'} · "
+        f"workers {m['workers']} · {w['unsync_steps']}+{w['sync_steps']} steps after {w['warmup_steps']} warmup",
+        ["figure", "value"],
+    )
+    rows = [
+        ("step time (unsynchronised)", f"{_n(h['step_ms'])} ms"),
+        ("images / s", _n(h["img_s"])),
+        ("data wait", f"{_n(h['data_ms'])} ms ({_pct(h['data_frac'])})"),
+    ]
     if m["device"].startswith("cuda"):  # a CPU run has no kernels, allocator calls or VRAM to show
         rows += [
-            ("GPU utilization", _pct(h["utilization"])), ("kernels / step", _n(h["kernels_per_step"], 0)),
-            ("mean kernel", f"{_n(h['mean_kernel_us'])} µs"), ("tensor-core share of kernel time", _pct(h["tensor_core_frac"])),
+            ("GPU utilization", _pct(h["utilization"])),
+            ("kernels / step", _n(h["kernels_per_step"], 0)),
+            ("mean kernel", f"{_n(h['mean_kernel_us'])} µs"),
+            ("tensor-core share of kernel time", _pct(h["tensor_core_frac"])),
             ("cudaMalloc+cudaFree / step", _n(h["alloc_calls_per_step"])),
-            ("peak VRAM allocated / reserved", "n/a" if h["peak_reserved_mb"] is None else f"{_n(h['peak_allocated_mb'], 0)} / {_n(h['peak_reserved_mb'], 0)} MB"),
+            (
+                "peak VRAM allocated / reserved",
+                "n/a"
+                if h["peak_reserved_mb"] is None
+                else f"{_n(h['peak_allocated_mb'], 0)} / {_n(h['peak_reserved_mb'], 0)} MB",
+            ),
         ]
     for r in rows:
         t.add_row(*r)
@@ -54,13 +69,18 @@ def headline_table(p: dict[str, Any]) -> Table:
 
 
 def phases_table(p: dict[str, Any]) -> Table:
-    t = _table("phases, ms per step (host and GPU: first half; synced: second half)", ["phase", "host", "GPU", "synced", "share"])
+    t = _table(
+        "phases, ms per step (host and GPU: first half; synced: second half)",
+        ["phase", "host", "GPU", "synced", "share"],
+    )
     for r in p["phases"]:
         t.add_row(r["name"], _n(r["host_ms"], 2), _n(r["gpu_ms"], 2), _n(r["synced_ms"], 2), _pct(r["share"]))
     return t
 
 
-def select_kernels(p: dict[str, Any], top: int = 10, phase: str | None = None, grep: str | None = None, sort: str = "ms") -> list[dict[str, Any]]:
+def select_kernels(
+    p: dict[str, Any], top: int = 10, phase: str | None = None, grep: str | None = None, sort: str = "ms"
+) -> list[dict[str, Any]]:
     """Kernel rows filtered by launching phase and a name regex; without --phase, rows of one name merge."""
     rows = [r for r in p["kernels"] if phase is None or r["phase"] == phase]
     if grep:
@@ -69,7 +89,9 @@ def select_kernels(p: dict[str, Any], top: int = 10, phase: str | None = None, g
     if phase is None:
         merged: dict[str, dict[str, Any]] = {}
         for r in rows:
-            m = merged.setdefault(r["name"], {**r, "ms_per_step": 0.0, "pct_gpu": 0.0, "count_per_step": 0.0, "phase": set()})
+            m = merged.setdefault(
+                r["name"], {**r, "ms_per_step": 0.0, "pct_gpu": 0.0, "count_per_step": 0.0, "phase": set()}
+            )
             for k in ("ms_per_step", "pct_gpu", "count_per_step"):
                 m[k] += r[k]
             m["phase"].add(r["phase"])
@@ -86,7 +108,16 @@ def kernels_table(rows: list[dict[str, Any]], title: str = "GPU kernels") -> Tab
     t = _table(title, ["kernel", "category", "phase", "ms/step", "% GPU", "n/step", "mean µs", "TC"])
     for r in rows:
         name = r["name"] if len(r["name"]) <= 90 else r["name"][:87] + "..."
-        t.add_row(name, r["category"], r["phase"], _n(r["ms_per_step"], 3), _n(r["pct_gpu"]), _n(r["count_per_step"]), _n(r["mean_us"]), "yes" if r["tensor_core"] else "")
+        t.add_row(
+            name,
+            r["category"],
+            r["phase"],
+            _n(r["ms_per_step"], 3),
+            _n(r["pct_gpu"]),
+            _n(r["count_per_step"]),
+            _n(r["mean_us"]),
+            "yes" if r["tensor_core"] else "",
+        )
     return t
 
 

@@ -15,7 +15,12 @@ from libreyolo.profiler.window import Window
 
 SCHEMA = "libreyolo.profile/v1"
 SUMMARY_SCHEMA = "libreyolo.profile_summary/v1"
-ARTIFACTS = {"timeline": "timeline.html", "trace": "profile_trace.json", "summary": "profile_summary.json", "profile": "profile.json"}
+ARTIFACTS = {
+    "timeline": "timeline.html",
+    "trace": "profile_trace.json",
+    "summary": "profile_summary.json",
+    "profile": "profile.json",
+}
 
 
 def run_meta(trainer: Any) -> dict[str, Any]:
@@ -24,18 +29,37 @@ def run_meta(trainer: Any) -> dict[str, Any]:
     s, c = trainer.s, trainer.cfg
     dev = s.device
     return {
-        "model": f"{s.family.prefix}{s.size}", "data": str(s.data.yaml_path), "run_dir": str(s.run_dir),
-        "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
-        "batch": s.batch_per_rank, "imgsz": c.imgsz, "amp": s.amp.enabled, "amp_dtype": s.amp.dtype, "workers": s.workers,
-        "accumulate": s.accumulate, "cuda_graph": str(c.cuda_graph).lower(), "cache": str(c.cache).lower(),
-        "channels_last": bool(c.channels_last), "cpus": cpu_count(), "torch": torch.__version__, "libreyolo": __version__,
+        "model": f"{s.family.prefix}{s.size}",
+        "data": str(s.data.yaml_path),
+        "run_dir": str(s.run_dir),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
+        "batch": s.batch_per_rank,
+        "imgsz": c.imgsz,
+        "amp": s.amp.enabled,
+        "amp_dtype": s.amp.dtype,
+        "workers": s.workers,
+        "accumulate": s.accumulate,
+        "cuda_graph": str(c.cuda_graph).lower(),
+        "cache": str(c.cache).lower(),
+        "channels_last": bool(c.channels_last),
+        "cpus": cpu_count(),
+        "torch": torch.__version__,
+        "libreyolo": __version__,
     }
 
 
 def _memory(w: Window, steps: int) -> dict[str, Any]:
     """Allocator figures from torch's own counters: they hold even when CUPTI misses runtime calls."""
     if w.device.type != "cuda":
-        return {"alloc_retries": 0, "stat_alloc_per_step": 0.0, "peak_allocated_mb": None, "peak_reserved_mb": None, "total_mb": None, "vram_frac": None}
+        return {
+            "alloc_retries": 0,
+            "stat_alloc_per_step": 0.0,
+            "peak_allocated_mb": None,
+            "peak_reserved_mb": None,
+            "total_mb": None,
+            "vram_frac": None,
+        }
     b, a = w.mem_before, w.mem_after
     delta = lambda k: max(int(a.get(k, 0)) - int(b.get(k, 0)), 0)  # noqa: E731
     free, total = torch.cuda.mem_get_info(w.device)
@@ -43,8 +67,10 @@ def _memory(w: Window, steps: int) -> dict[str, Any]:
     return {
         "alloc_retries": delta("num_alloc_retries"),
         "stat_alloc_per_step": (delta("num_device_alloc") + delta("num_device_free")) / max(steps, 1),
-        "peak_allocated_mb": w.peak_allocated / 2**20, "peak_reserved_mb": w.peak_reserved / 2**20,
-        "total_mb": total / 2**20, "vram_frac": used / total if total else None,
+        "peak_allocated_mb": w.peak_allocated / 2**20,
+        "peak_reserved_mb": w.peak_reserved / 2**20,
+        "total_mb": total / 2**20,
+        "vram_frac": used / total if total else None,
     }
 
 
@@ -55,29 +81,55 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
     a = analyze_trace(trace, steps, on_cuda)
     mem = _memory(w, steps)
     headline = {
-        "step_ms": fig["step_ms"], "data_ms": fig["data_ms"], "data_frac": fig["data_frac"], "img_s": fig["img_s"],
-        "utilization": a["utilization"], "gpu_busy_ms_per_step": a["gpu_busy_ms_per_step"],
-        "kernels_per_step": a["kernels_per_step"], "mean_kernel_us": a["mean_kernel_us"], "tensor_core_frac": a["tensor_core_frac"],
-        "malloc_per_step": a["malloc_per_step"], "free_per_step": a["free_per_step"],
+        "step_ms": fig["step_ms"],
+        "data_ms": fig["data_ms"],
+        "data_frac": fig["data_frac"],
+        "img_s": fig["img_s"],
+        "utilization": a["utilization"],
+        "gpu_busy_ms_per_step": a["gpu_busy_ms_per_step"],
+        "kernels_per_step": a["kernels_per_step"],
+        "mean_kernel_us": a["mean_kernel_us"],
+        "tensor_core_frac": a["tensor_core_frac"],
+        "malloc_per_step": a["malloc_per_step"],
+        "free_per_step": a["free_per_step"],
         # the trace's count, or the allocator's own counters when CUPTI saw fewer calls
         "alloc_calls_per_step": max(a["malloc_per_step"] + a["free_per_step"], mem["stat_alloc_per_step"]),
-        "alloc_retries": mem["alloc_retries"], "peak_allocated_mb": mem["peak_allocated_mb"], "peak_reserved_mb": mem["peak_reserved_mb"],
-        "total_mb": mem["total_mb"], "vram_frac": mem["vram_frac"], "synced_step_ms": fig["synced_step_ms"],
-        "steps_to_verdict_end": w.warmup_steps + steps,  # steps trained from attach to the end of the unsynchronised half
+        "alloc_retries": mem["alloc_retries"],
+        "peak_allocated_mb": mem["peak_allocated_mb"],
+        "peak_reserved_mb": mem["peak_reserved_mb"],
+        "total_mb": mem["total_mb"],
+        "vram_frac": mem["vram_frac"],
+        "synced_step_ms": fig["synced_step_ms"],
+        "steps_to_verdict_end": w.warmup_steps
+        + steps,  # steps trained from attach to the end of the unsynchronised half
     }
     verdict = decide(headline, meta)
     synced = fig["synced_ms"]
     total_synced = sum(synced.values()) or 1.0
-    phases = [{"name": p, "host_ms": fig["host_ms"].get(p, 0.0), "gpu_ms": a["gpu_ms"].get(p, 0.0), "synced_ms": synced.get(p, 0.0),
-               "share": synced.get(p, 0.0) / total_synced} for p in PHASES]
+    phases = [
+        {
+            "name": p,
+            "host_ms": fig["host_ms"].get(p, 0.0),
+            "gpu_ms": a["gpu_ms"].get(p, 0.0),
+            "synced_ms": synced.get(p, 0.0),
+            "share": synced.get(p, 0.0) / total_synced,
+        }
+        for p in PHASES
+    ]
     return {
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "meta": meta,
         "window": {
-            "requested_warmup": w.plan.warmup, "requested_steps": w.plan.unsync + w.plan.sync, "accumulate": meta["accumulate"],
-            "warmup_steps": w.warmup_steps, "unsync_steps": steps, "sync_steps": w.synced.steps, "segments": w.unsync.segments,
-            "traced_steps": a["traced_steps"], "steps_seen": w.seen,
+            "requested_warmup": w.plan.warmup,
+            "requested_steps": w.plan.unsync + w.plan.sync,
+            "accumulate": meta["accumulate"],
+            "warmup_steps": w.warmup_steps,
+            "unsync_steps": steps,
+            "sync_steps": w.synced.steps,
+            "segments": w.unsync.segments,
+            "traced_steps": a["traced_steps"],
+            "steps_seen": w.seen,
         },
         "headline": headline,
         "verdict": verdict.to_dict(),
@@ -98,6 +150,12 @@ def summary_from_profile(p: dict[str, Any]) -> dict[str, Any]:
         "window": p["window"],
         "real_step": {k: h[k] for k in ("step_ms", "data_ms", "img_s", "data_frac", "utilization")},
         "phases_ms": {r["name"]: r["synced_ms"] for r in p["phases"]},
-        "verdict": p["verdict"]["name"], "why": p["verdict"]["why"], "levers": p["verdict"]["levers"],
-        "peak_vram_mb": {"allocated": h["peak_allocated_mb"], "reserved": h["peak_reserved_mb"], "total": h["total_mb"]},
+        "verdict": p["verdict"]["name"],
+        "why": p["verdict"]["why"],
+        "levers": p["verdict"]["levers"],
+        "peak_vram_mb": {
+            "allocated": h["peak_allocated_mb"],
+            "reserved": h["peak_reserved_mb"],
+            "total": h["total_mb"],
+        },
     }

@@ -64,16 +64,26 @@ def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: 
             torch.cuda.empty_cache()
     path = run_dir / "profile.json"
     if not path.is_file():
-        raise ProfileRunError(f"{run_dir}: the run ended before the profile window was measured (see the warning above and "
-                              f"{run_dir / 'events.jsonl'}); lower --warmup/--steps or use a larger dataset")
+        raise ProfileRunError(
+            f"{run_dir}: the run ended before the profile window was measured (see the warning above and "
+            f"{run_dir / 'events.jsonl'}); lower --warmup/--steps or use a larger dataset"
+        )
     return load_profile(path)
 
 
 def _trial(p: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     h = p["headline"]
-    return {"run_dir": str(run_dir), "verdict": p["verdict"]["name"], "why": p["verdict"]["why"], "step_ms": h["step_ms"],
-            "img_s": h["img_s"], "utilization": h["utilization"], "data_frac": h["data_frac"], "try": p["verdict"]["try"],
-            "lever": p["verdict"]["levers"][0] if p["verdict"]["levers"] else None}
+    return {
+        "run_dir": str(run_dir),
+        "verdict": p["verdict"]["name"],
+        "why": p["verdict"]["why"],
+        "step_ms": h["step_ms"],
+        "img_s": h["img_s"],
+        "utilization": h["utilization"],
+        "data_frac": h["data_frac"],
+        "try": p["verdict"]["try"],
+        "lever": p["verdict"]["levers"][0] if p["verdict"]["levers"] else None,
+    }
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -91,11 +101,19 @@ def trials(overrides: dict[str, Any], base: Path, repeat: int, prefix: str) -> d
             project, name = base, prefix if repeat == 1 else f"{prefix}_{k}"
         out.append(_trial(profile_once(overrides, project, name, exist_ok=True), project / name))
     verdicts = Counter(t["verdict"] for t in out)
-    return {"schema": REPEAT_SCHEMA, "trials": out, "step_ms": _stats([t["step_ms"] for t in out]), "img_s": _stats([t["img_s"] for t in out]),
-            "verdict": out[0]["verdict"] if len(verdicts) == 1 else "mixed", "verdicts": dict(verdicts)}
+    return {
+        "schema": REPEAT_SCHEMA,
+        "trials": out,
+        "step_ms": _stats([t["step_ms"] for t in out]),
+        "img_s": _stats([t["img_s"] for t in out]),
+        "verdict": out[0]["verdict"] if len(verdicts) == 1 else "mixed",
+        "verdicts": dict(verdicts),
+    }
 
 
-def run_profile(overrides: dict[str, Any], project: str, name: str, repeat: int = 1, try_lever: bool = False) -> dict[str, Any]:
+def run_profile(
+    overrides: dict[str, Any], project: str, name: str, repeat: int = 1, try_lever: bool = False
+) -> dict[str, Any]:
     base = increment_run_dir(project, name, exist_ok=False)
     before = trials(overrides, base, repeat, "prof")
     result: dict[str, Any] = {**before, "run_dir": str(base), "repeat": None, "try": None}
@@ -112,14 +130,26 @@ def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: 
     common = Counter(t["verdict"] for t in before["trials"]).most_common(1)[0][0]
     source = next(t for t in before["trials"] if t["verdict"] == common)
     lever = source["try"]
-    record: dict[str, Any] = {"schema": TRY_SCHEMA, "verdict": common, "lever": lever, "lever_text": source["lever"],
-                              "before": {"step_ms": before["step_ms"], "img_s": before["img_s"], "verdict": before["verdict"]}}
+    record: dict[str, Any] = {
+        "schema": TRY_SCHEMA,
+        "verdict": common,
+        "lever": lever,
+        "lever_text": source["lever"],
+        "before": {"step_ms": before["step_ms"], "img_s": before["img_s"], "verdict": before["verdict"]},
+    }
     if lever is None:
         record.update(after=None, speedup=None, note=f"verdict {common!r} has no lever that a setting can try here")
     else:
         after = trials({**overrides, **lever}, base, repeat, "try")
-        record.update(after={"step_ms": after["step_ms"], "img_s": after["img_s"], "verdict": after["verdict"], "trials": after["trials"]},
-                      speedup=after["img_s"]["mean"] / before["img_s"]["mean"] if before["img_s"]["mean"] else None)
+        record.update(
+            after={
+                "step_ms": after["step_ms"],
+                "img_s": after["img_s"],
+                "verdict": after["verdict"],
+                "trials": after["trials"],
+            },
+            speedup=after["img_s"]["mean"] / before["img_s"]["mean"] if before["img_s"]["mean"] else None,
+        )
     write_json(base / "profile_try.json", record)
     record["path"] = str(base / "profile_try.json")
     return record

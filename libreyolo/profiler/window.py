@@ -276,10 +276,14 @@ class Window:
         needed = self.plan.warmup + self.plan.unsync + self.plan.sync
         state, self.state = self.state, DONE
         self.detach()
-        self.trainer.emit(ev.WarningEvent(
-            f"profile: training ended after {self.seen} step(s), in the {state} part of the window "
-            f"(needs at least {needed}: profile_warmup={self.plan.warmup}, profile_steps={self.plan.unsync + self.plan.sync}); "
-            "no report written. Train for more steps or lower profile_warmup / profile_steps.", code="profile"))
+        self.trainer.emit(
+            ev.WarningEvent(
+                f"profile: training ended after {self.seen} step(s), in the {state} part of the window "
+                f"(needs at least {needed}: profile_warmup={self.plan.warmup}, profile_steps={self.plan.unsync + self.plan.sync}); "
+                "no report written. Train for more steps or lower profile_warmup / profile_steps.",
+                code="profile",
+            )
+        )
 
     def figures(self) -> dict[str, Any]:
         """Wall-clock figures of both halves (ms per step), for the analysis."""

@@ -36,10 +36,19 @@ class Yolo9Loss:
     """Main head loss plus aux_weight times the auxiliary head's loss; logged terms are the main head's."""
 
     def __init__(self, net: YOLO9, cfg: Any, reduce_normalizer: Callable | None = None):
-        self.main = DetectionLoss(net.nc, net.strides, net.reg_max, cfg.box, cfg.cls, cfg.dfl, reduce_normalizer=reduce_normalizer)
+        self.main = DetectionLoss(
+            net.nc, net.strides, net.reg_max, cfg.box, cfg.cls, cfg.dfl, reduce_normalizer=reduce_normalizer
+        )
         self.aux_weight = float(cfg.aux_weight)
 
-    def __call__(self, outputs: torch.Tensor | tuple[torch.Tensor, ...], targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float):
+    def __call__(
+        self,
+        outputs: torch.Tensor | tuple[torch.Tensor, ...],
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        imgsz: tuple[int, int],
+        batch_scale: float,
+    ):
         if isinstance(outputs, torch.Tensor):  # the detector alone (validation): the main head's output
             outputs = (outputs,)
         if len(outputs) > 1 and self.aux_weight > 0:

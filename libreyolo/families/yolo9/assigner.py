@@ -63,5 +63,7 @@ class TaskAlignedAssigner:
         align = align * pos
         norm = align * (overlaps * pos).amax(-1, keepdim=True) / (align.amax(-1, keepdim=True) + self.eps)
         score = (norm.amax(1) * fg).unsqueeze(-1)  # (B, A, 1)
-        target_scores = torch.zeros_like(pd_scores).scatter_(-1, target_labels.unsqueeze(-1), score)  # one-hot times score
+        target_scores = torch.zeros_like(pd_scores).scatter_(
+            -1, target_labels.unsqueeze(-1), score
+        )  # one-hot times score
         return target_bboxes, target_scores, fg

@@ -39,7 +39,12 @@ class DetectionLoss:
         self._weights: dict[tuple, torch.Tensor] = {}
 
     def __call__(
-        self, raw: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float,
+        self,
+        raw: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        imgsz: tuple[int, int],
+        batch_scale: float,
         head_weights: tuple[float, ...] = (1.0,),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """raw (H*B, 4R+C, A): the outputs of H heads stacked along the batch (YOLOv9: main, auxiliary);
@@ -60,20 +65,31 @@ class DetectionLoss:
         pred_boxes = dist2bbox(dfl_decode(distri, self.reg_max), anchors)  # grid units
 
         t_boxes, t_scores, fg = self.assigner(
-            logits.detach().sigmoid(), pred_boxes.detach() * stride, anchors_px, targets[..., 0].long(), targets[..., 1:5], mask
+            logits.detach().sigmoid(),
+            pred_boxes.detach() * stride,
+            anchors_px,
+            targets[..., 0].long(),
+            targets[..., 1:5],
+            mask,
         )
         normalizer = t_scores.unflatten(0, (H, -1)).sum((1, 2, 3))  # per head
         # under DDP the reducer returns max(global total, 1) / world_size: clamping the local or the averaged
         # value instead would change the gradient whenever the global total is below the world size
-        normalizer = self.reduce_normalizer(normalizer) if self.reduce_normalizer is not None else normalizer.clamp(min=1.0)
+        normalizer = (
+            self.reduce_normalizer(normalizer) if self.reduce_normalizer is not None else normalizer.clamp(min=1.0)
+        )
 
-        cls_sum = F.binary_cross_entropy_with_logits(logits, t_scores, reduction="none").unflatten(0, (H, -1)).sum((1, 2, 3))
+        cls_sum = (
+            F.binary_cross_entropy_with_logits(logits, t_scores, reduction="none").unflatten(0, (H, -1)).sum((1, 2, 3))
+        )
         weight = t_scores.sum(-1)  # (H*B, A); zero on background anchors (the assigner's scores are)
         # background anchors target their own (detached, non-degenerate) box: the CIoU's aspect term
         # divides by box height and would put NaN gradients behind the zero weight otherwise
         t_boxes = torch.where(fg.unsqueeze(-1), t_boxes / stride, pred_boxes.detach())
         t_dist = bbox2dist(anchors, t_boxes, self.reg_max)  # (H*B, A, 4)
-        per_anchor = torch.stack(((1.0 - ciou(pred_boxes, t_boxes)), _dfl(distri, t_dist, self.reg_max)), -1) * weight.unsqueeze(-1)
+        per_anchor = torch.stack(
+            ((1.0 - ciou(pred_boxes, t_boxes)), _dfl(distri, t_dist, self.reg_max)), -1
+        ) * weight.unsqueeze(-1)
         box_dfl = per_anchor.unflatten(0, (H, -1)).sum((1, 2))  # (H, 2)
         items = torch.stack((box_dfl[:, 0], cls_sum, box_dfl[:, 1]), 1) / normalizer.unsqueeze(1)  # (H, 3)
         # sum over heads and terms of head_weight * gain * term, times batch_scale: one weighted sum

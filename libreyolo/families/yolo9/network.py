@@ -42,7 +42,9 @@ class YOLO9(nn.Module):
         self.size, self.nc, self.reg_max = size, nc, reg_max
         n = w.n
         # backbone
-        self.stem = nn.Sequential(Conv(3, w.stem[0], 3, 2), Conv(w.stem[0], w.stem[1], 3, 2), ELAN1(w.stem[1], *w.elan1))
+        self.stem = nn.Sequential(
+            Conv(3, w.stem[0], 3, 2), Conv(w.stem[0], w.stem[1], 3, 2), ELAN1(w.stem[1], *w.elan1)
+        )
         self.b3 = nn.Sequential(ADown(w.elan1[0], w.p3[0]), RepNCSPELAN4(w.p3[0], *w.p3, n))
         self.b4 = nn.Sequential(ADown(w.p3[0], w.p4[0]), RepNCSPELAN4(w.p4[0], *w.p4, n))
         self.b5 = nn.Sequential(ADown(w.p4[0], w.p5[0]), RepNCSPELAN4(w.p5[0], *w.p5, n), SPPELAN(w.p5[0], *w.spp))

@@ -11,8 +11,15 @@ from libreyolo.nn.nms import nms_packed
 
 
 @torch.no_grad()
-def postprocess(net: YOLO9, raw: Any, imgsz: tuple[int, int], conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
-                multi_label: bool = False) -> torch.Tensor:
+def postprocess(
+    net: YOLO9,
+    raw: Any,
+    imgsz: tuple[int, int],
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    multi_label: bool = False,
+) -> torch.Tensor:
     """Raw logits (B, 4R + C, A) (or the train net's tuple, main head first) -> (N, 7): batch index, x1, y1, x2,
     y2 (input pixels), score, class."""
     if isinstance(raw, (tuple, list)):

@@ -27,8 +27,19 @@ KEYS = (
 # YOLOX's own training recipe where it differs from the shared defaults (mixup is not in our pipeline); lrf is
 # YOLOX's min_lr_ratio: the cosine ends at 5% of lr0 and stays there for the no-aug epochs
 DEFAULTS: dict[str, Any] = {
-    "optimizer": "SGD", "lr0": 0.01, "lrf": 0.05, "momentum": 0.9, "weight_decay": 0.0005, "ema_decay": 0.9998, "warmup_epochs": 5,
-    "no_aug_epochs": 15, "degrees": 10.0, "shear": 2.0, "scale": 0.5, "amp": True, "sync_bn": True,
+    "optimizer": "SGD",
+    "lr0": 0.01,
+    "lrf": 0.05,
+    "momentum": 0.9,
+    "weight_decay": 0.0005,
+    "ema_decay": 0.9998,
+    "warmup_epochs": 5,
+    "no_aug_epochs": 15,
+    "degrees": 10.0,
+    "shear": 2.0,
+    "scale": 0.5,
+    "amp": True,
+    "sync_bn": True,
 }
 
 
@@ -59,8 +70,15 @@ def warm_cos_factor(ni: int, total: int, warmup: int, no_aug: int, min_ratio: fl
     return min_ratio + 0.5 * (1.0 - min_ratio) * (1.0 + math.cos(math.pi * (ni - warmup) / span))
 
 
-def schedule(optimizer: torch.optim.Optimizer, cfg: Any, epoch: int, ni: int, warmup_iters: int, momentum: float,
-             steps_per_epoch: int) -> None:
+def schedule(
+    optimizer: torch.optim.Optimizer,
+    cfg: Any,
+    epoch: int,
+    ni: int,
+    warmup_iters: int,
+    momentum: float,
+    steps_per_epoch: int,
+) -> None:
     """Every group follows the same curve (YOLOX has no bias warm-up), down to lrf * lr0; momentum stays constant."""
     total = cfg.epochs * steps_per_epoch
     no_aug = min(cfg.no_aug_epochs, cfg.epochs) * steps_per_epoch

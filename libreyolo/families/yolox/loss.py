@@ -31,7 +31,9 @@ def as_raw(outputs: Any) -> torch.Tensor:
     return torch.stack(outputs)
 
 
-def decode(raw: torch.Tensor, imgsz: tuple[int, int], strides: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def decode(
+    raw: torch.Tensor, imgsz: tuple[int, int], strides: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """raw (B, A, 5 + nc) -> (boxes (B, A, 4) xyxy pixels, grid (A, 2) cell corners in cells, stride (A, 1)).
     YOLOX's decode: centre = (offset + cell corner) * stride, size = exp(log-size) * stride."""
     shapes = [(imgsz[0] // s, imgsz[1] // s) for s in strides]
@@ -63,16 +65,25 @@ class YOLOXLoss:
     """Call with the network's raw output and padded targets; returns (loss for backward, detached
     [iou, obj, cls, l1] before their gains)."""
 
-    def __init__(self, nc: int, strides: tuple[int, ...] = (8, 16, 32), box: float = 5.0, obj: float = 1.0, cls: float = 1.0,
-                 l1: float = 1.0, reduce_normalizer: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    def __init__(
+        self,
+        nc: int,
+        strides: tuple[int, ...] = (8, 16, 32),
+        box: float = 5.0,
+        obj: float = 1.0,
+        cls: float = 1.0,
+        l1: float = 1.0,
+        reduce_normalizer: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.nc, self.strides = nc, tuple(strides)
         self.gains = (box, obj, cls, l1)
         self.use_l1 = False  # switched on by the family's on_mosaic_close hook (YOLOX: the last no-aug epochs)
         # under DDP: max(global foreground count, 1) / world size (see distributed/context.py)
         self.reduce_normalizer = reduce_normalizer
 
-    def __call__(self, outputs: Any, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int],
-                 batch_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, outputs: Any, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """targets (B, M, 5) = class, x1, y1, x2, y2 in input pixels; mask (B, M) bool. The loss is the weighted
         sum times batch_scale / 64: the trainer passes the global batch and accumulates gradients to nbs images,
         which gives YOLOX's rule of an LR per 64 images."""
@@ -80,7 +91,16 @@ class YOLOXLoss:
         boxes, grid, stride = decode(raw, imgsz, self.strides)
         obj, cls = raw[..., 4], raw[..., 5:]
         centres_px = (grid + 0.5) * stride
-        a = simota(cls.detach(), obj.detach(), boxes.detach(), centres_px, stride.squeeze(-1), targets[..., 0], targets[..., 1:5], mask)
+        a = simota(
+            cls.detach(),
+            obj.detach(),
+            boxes.detach(),
+            centres_px,
+            stride.squeeze(-1),
+            targets[..., 0],
+            targets[..., 1:5],
+            mask,
+        )
         fg = a.fg.float()
 
         n_fg = fg.sum()

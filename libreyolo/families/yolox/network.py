@@ -108,10 +108,16 @@ class CSPDarknet(nn.Module):
         n = max(round(depth * 3), 1)
         self.stem = Focus(3, c)
         self.dark2 = nn.Sequential(conv3(c, 2 * c, 2, depthwise), CSPLayer(2 * c, 2 * c, n, depthwise=depthwise))
-        self.dark3 = nn.Sequential(conv3(2 * c, 4 * c, 2, depthwise), CSPLayer(4 * c, 4 * c, 3 * n, depthwise=depthwise))
-        self.dark4 = nn.Sequential(conv3(4 * c, 8 * c, 2, depthwise), CSPLayer(8 * c, 8 * c, 3 * n, depthwise=depthwise))
+        self.dark3 = nn.Sequential(
+            conv3(2 * c, 4 * c, 2, depthwise), CSPLayer(4 * c, 4 * c, 3 * n, depthwise=depthwise)
+        )
+        self.dark4 = nn.Sequential(
+            conv3(4 * c, 8 * c, 2, depthwise), CSPLayer(8 * c, 8 * c, 3 * n, depthwise=depthwise)
+        )
         self.dark5 = nn.Sequential(
-            conv3(8 * c, 16 * c, 2, depthwise), SPPBottleneck(16 * c, 16 * c), CSPLayer(16 * c, 16 * c, n, False, depthwise)
+            conv3(8 * c, 16 * c, 2, depthwise),
+            SPPBottleneck(16 * c, 16 * c),
+            CSPLayer(16 * c, 16 * c, n, False, depthwise),
         )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,8 +162,12 @@ class DecoupledHead(nn.Module):
         super().__init__()
         h = int(256 * width)
         self.stems = nn.ModuleList(Conv(int(c * width), h, 1, 1) for c in in_channels)
-        self.cls_convs = nn.ModuleList(nn.Sequential(conv3(h, h, 1, depthwise), conv3(h, h, 1, depthwise)) for _ in in_channels)
-        self.reg_convs = nn.ModuleList(nn.Sequential(conv3(h, h, 1, depthwise), conv3(h, h, 1, depthwise)) for _ in in_channels)
+        self.cls_convs = nn.ModuleList(
+            nn.Sequential(conv3(h, h, 1, depthwise), conv3(h, h, 1, depthwise)) for _ in in_channels
+        )
+        self.reg_convs = nn.ModuleList(
+            nn.Sequential(conv3(h, h, 1, depthwise), conv3(h, h, 1, depthwise)) for _ in in_channels
+        )
         self.cls_preds = nn.ModuleList(nn.Conv2d(h, nc, 1) for _ in in_channels)
         self.reg_preds = nn.ModuleList(nn.Conv2d(h, 4, 1) for _ in in_channels)
         self.obj_preds = nn.ModuleList(nn.Conv2d(h, 1, 1) for _ in in_channels)
@@ -170,7 +180,9 @@ class DecoupledHead(nn.Module):
         for k, x in enumerate(feats):
             x = self.stems[k](x)
             reg_feat = self.reg_convs[k](x)
-            y = torch.cat((self.reg_preds[k](reg_feat), self.obj_preds[k](reg_feat), self.cls_preds[k](self.cls_convs[k](x))), 1)
+            y = torch.cat(
+                (self.reg_preds[k](reg_feat), self.obj_preds[k](reg_feat), self.cls_preds[k](self.cls_convs[k](x))), 1
+            )
             outs.append(y.flatten(2))
         return torch.cat(outs, 2).transpose(1, 2)  # (B, A, 5 + nc); anchor index = level offset + y * W + x
 

@@ -13,8 +13,15 @@ from libreyolo.nn.nms import nms_packed
 
 
 @torch.no_grad()
-def postprocess(net: YOLOX, raw: Any, imgsz: tuple[int, int], conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
-                multi_label: bool = False) -> torch.Tensor:
+def postprocess(
+    net: YOLOX,
+    raw: Any,
+    imgsz: tuple[int, int],
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    multi_label: bool = False,
+) -> torch.Tensor:
     """The detector's (B, A, 5 + nc) output (or the train net's, the same) -> (N, 7): batch index, x1, y1, x2,
     y2 (input pixels), score, class."""
     raw = as_raw(raw).float()
