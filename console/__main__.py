@@ -2,6 +2,6 @@
 
 import sys
 
-from console.app import main
+from libreyolo_console.app import main
 
 sys.exit(main())

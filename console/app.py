@@ -23,14 +23,14 @@ from textual.screen import Screen
 from textual.signal import Signal
 from textual.worker import get_current_worker
 
-from console.gpu import GpuSampler, GpuSnapshot, sample_loop
-from console.runs import EVENTS, find_run_dirs
-from console.screens.new_run import NewRunScreen
-from console.screens.run import RunScreen
-from console.screens.runs import RunsScreen
-from console.settings import load_settings, save_settings
-from console.supervisor import LADDER, RECORD
-from console.theming import DEFAULT_THEME, load_themes, next_theme
+from libreyolo_console.gpu import GpuSampler, GpuSnapshot, sample_loop
+from libreyolo_console.runs import EVENTS, find_run_dirs
+from libreyolo_console.screens.new_run import NewRunScreen
+from libreyolo_console.screens.run import RunScreen
+from libreyolo_console.screens.runs import RunsScreen
+from libreyolo_console.settings import load_settings, save_settings
+from libreyolo_console.supervisor import LADDER, RECORD
+from libreyolo_console.theming import DEFAULT_THEME, load_themes, next_theme
 
 DEFAULT_PROJECT = "runs/train"  # TrainConfig's default project: where `libreyolo train` puts runs
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from console.supervisor import RECORD, ProcessRecord, is_alive, read_record, record_alive
-from console.tail import LineTail, parse_event
+from libreyolo_console.supervisor import RECORD, ProcessRecord, is_alive, read_record, record_alive
+from libreyolo_console.tail import LineTail, parse_event
 
 EVENTS = "events.jsonl"
 _TAIL_BYTES = 64 << 10  # the end of events.jsonl holds everything a run list needs

@@ -11,19 +11,19 @@ import time
 
 import pytest
 
-from console.app import ConsoleApp, main
-from console.runs import CRASHED, LIVE
-from console.screens.dialogs import ConfirmScreen
-from console.screens.new_run import NewRunScreen
-from console.screens.run import RunScreen
-from console.screens.runs import RunsScreen
-from console.widgets.run_form import RunForm
-from console.supervisor import launch, read_record, record_alive
-from console.widgets.epochs import EpochTable
-from console.widgets.progress import ProgressPanel
 from libreyolo import events as ev
 from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.events import read_events
+from libreyolo_console.app import ConsoleApp, main
+from libreyolo_console.runs import CRASHED, LIVE
+from libreyolo_console.screens.dialogs import ConfirmScreen
+from libreyolo_console.screens.new_run import NewRunScreen
+from libreyolo_console.screens.run import RunScreen
+from libreyolo_console.screens.runs import RunsScreen
+from libreyolo_console.supervisor import launch, read_record, record_alive
+from libreyolo_console.widgets.epochs import EpochTable
+from libreyolo_console.widgets.progress import ProgressPanel
+from libreyolo_console.widgets.run_form import RunForm
 
 
 @pytest.fixture(autouse=True)

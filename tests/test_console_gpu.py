@@ -14,11 +14,11 @@ import time
 import pytest
 from rich.console import Console
 
-from console.app import ConsoleApp
-from console.gpu import GpuSampler
-from console.screens.run import RunScreen
-from console.supervisor import ProcessTree, read_record, record_alive, start_run
-from console.widgets.gpu_panel import GpuPanel
+from libreyolo_console.app import ConsoleApp
+from libreyolo_console.gpu import GpuSampler
+from libreyolo_console.screens.run import RunScreen
+from libreyolo_console.supervisor import ProcessTree, read_record, record_alive, start_run
+from libreyolo_console.widgets.gpu_panel import GpuPanel
 
 pytestmark = pytest.mark.gpu
 

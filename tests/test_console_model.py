@@ -3,16 +3,16 @@ stand-in NVML library), themes and the remembered settings."""
 
 import pytest
 
-from console import command
-from console.gpu import GpuSampler
-from console.settings import load_settings, save_settings, settings_path
-from console.state import MAX_POINTS, RunState
-from console.theming import load_themes, next_theme
 from libreyolo import events as ev
 from libreyolo.cli.args import parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import LibreYOLOError
 from libreyolo.families import get_family
+from libreyolo_console import command
+from libreyolo_console.gpu import GpuSampler
+from libreyolo_console.settings import load_settings, save_settings, settings_path
+from libreyolo_console.state import MAX_POINTS, RunState
+from libreyolo_console.theming import load_themes, next_theme
 
 
 def _d(e: ev.Event) -> dict:
@@ -331,7 +331,7 @@ def test_themes_load_and_the_choice_is_remembered(tmp_path, monkeypatch):
 
 
 def test_gpu_panel_counts_the_run_s_own_memory_by_pid():
-    from console.widgets.gpu_panel import GpuPanel
+    from libreyolo_console.widgets.gpu_panel import GpuPanel
 
     panel = GpuPanel()
     panel.run_pids = {10, 11}
@@ -345,7 +345,7 @@ def test_plots_redraw_only_when_their_curves_change():
 
     from textual.app import App
 
-    from console.widgets.plots import LossPlot, MetricsPlot
+    from libreyolo_console.widgets.plots import LossPlot, MetricsPlot
 
     class Plots(App):
         def compose(self):

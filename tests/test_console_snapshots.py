@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from console.app import ConsoleApp
-from console.gpu import DeviceSample, GpuSnapshot, HostSample
-from console.screens.run import RunScreen
-from console.supervisor import ProcessRecord, write_record
 from libreyolo import events as ev
 from libreyolo.families import get_family
+from libreyolo_console.app import ConsoleApp
+from libreyolo_console.gpu import DeviceSample, GpuSnapshot, HostSample
+from libreyolo_console.screens.run import RunScreen
+from libreyolo_console.supervisor import ProcessRecord, write_record
 
 SIZES = {"80x24": (80, 24), "120x40": (120, 40)}
 T0 = 1_790_000_000.0

@@ -10,11 +10,11 @@ import time
 import psutil
 import pytest
 
-from console import supervisor
-from console.runs import CRASHED, LIVE, classify, find_runs
-from console.supervisor import ProcessRecord, ProcessTree, is_alive, launch, read_record, record_alive, stop
 from libreyolo import events as ev
 from libreyolo.families import get_family
+from libreyolo_console import supervisor
+from libreyolo_console.runs import CRASHED, LIVE, classify, find_runs
+from libreyolo_console.supervisor import ProcessRecord, ProcessTree, is_alive, launch, read_record, record_alive, stop
 
 FAST_LADDER = ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0))
 
@@ -257,8 +257,8 @@ def test_find_runs_reports_finished_crashed_live_and_reused_pid(tmp_path, spawne
 def test_a_run_view_under_another_keeps_its_state_but_neither_draws_nor_polls(tmp_path, monkeypatch):
     import asyncio
 
-    from console.app import ConsoleApp
-    from console.screens.run import RunScreen
+    from libreyolo_console.app import ConsoleApp
+    from libreyolo_console.screens.run import RunScreen
 
     monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
     project = tmp_path / "runs"

@@ -4,8 +4,8 @@ import json
 import os
 import threading
 
-from console.tail import EventTail, LineTail, follow
 from libreyolo import events as ev
+from libreyolo_console.tail import EventTail, LineTail, follow
 
 
 def _append(path, text: str) -> None:
@@ -59,7 +59,7 @@ def test_rotation_to_a_new_file_is_followed(tmp_path):
 
 
 def test_from_end_drops_the_cut_first_line_and_reads_big_files_in_chunks(tmp_path, monkeypatch):
-    import console.tail as tail
+    import libreyolo_console.tail as tail
 
     p = tmp_path / "log"
     p.write_text("".join(f"line {i}\n" for i in range(1000)))
@@ -114,7 +114,7 @@ def test_follow_delivers_from_a_thread_until_stopped(tmp_path):
 
 
 def test_run_list_reads_the_first_event_and_the_end_with_the_same_rules(tmp_path, monkeypatch):
-    import console.runs as runs
+    import libreyolo_console.runs as runs
 
     monkeypatch.setattr(runs, "_TAIL_BYTES", 400)  # a small tail, so the file's middle is never read
     p = tmp_path / "events.jsonl"

@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from console.app import ConsoleApp
-from console.screens.run import RunScreen
-from console.state import RunState
-from console.widgets import epochs
-from console.widgets.epochs import EpochTable
-from console.widgets.graph_log import GraphLog, mode_line, mode_short
-from console.widgets.plots import LossPlot
 from libreyolo import events as ev
+from libreyolo_console.app import ConsoleApp
+from libreyolo_console.screens.run import RunScreen
+from libreyolo_console.state import RunState
+from libreyolo_console.widgets import epochs
+from libreyolo_console.widgets.epochs import EpochTable
+from libreyolo_console.widgets.graph_log import GraphLog, mode_line, mode_short
+from libreyolo_console.widgets.plots import LossPlot
 
 TERMS = ("alpha", "beta")  # a family whose terms are nobody else's
 AUTO_FULL = "cuda_graph=auto: the whole step in one graph (toy supports it, one CUDA process)"

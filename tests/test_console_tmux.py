@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from console.supervisor import read_record, record_alive
+from libreyolo_console.supervisor import read_record, record_alive
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -60,7 +60,7 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
     env.pop("TMUX", None)
     tmux = Tmux(env)
     project = tmp_path / "runs"
-    console = [sys.executable, "-m", "console", "--project", str(project)]
+    console = [sys.executable, "-m", "libreyolo_console", "--project", str(project)]
     run_dir = None
     try:
         tmux.start("first", console)

@@ -3,8 +3,8 @@
 
 import pytest
 import torch
-
 import yolo9_loss_reference as ref
+
 from libreyolo.families.yolo9.assigner import TaskAlignedAssigner
 from libreyolo.families.yolo9.loss import DetectionLoss
 from libreyolo.nn.boxes import ciou

@@ -6,7 +6,7 @@ from libreyolo import LibreYOLO
 from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families.yolo9.assigner import TaskAlignedAssigner
 from libreyolo.families.yolo9.loss import DetectionLoss
-from libreyolo.families.yolo9.network import TrainNet, YOLO9
+from libreyolo.families.yolo9.network import YOLO9, TrainNet
 from libreyolo.nn.boxes import ciou
 
 

@@ -300,9 +300,10 @@ def test_timeline_opens_in_a_real_browser_without_errors(profiled, tmp_path):
 
 @needs_chromium
 def test_gpu_lanes_render_and_a_throwing_page_is_caught(profiled, tmp_path):
+    from test_profiler_analysis import synthetic_trace
+
     from libreyolo.profiler.analysis import slice_trace
     from libreyolo.profiler.artifacts import render_timeline, timeline_data
-    from test_profiler_analysis import synthetic_trace
 
     p = load_profile(profiled[2])
     p["meta"]["device"], p["verdict"]["name"] = "cuda:0", "host / launch"

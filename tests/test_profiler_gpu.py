@@ -65,9 +65,8 @@ def show(case, p):
 
 
 def test_sleeping_loader_is_dataloader(gpu_data, tmp_path, monkeypatch):
-    from libreyolo.profiler.run import profile_once
-
     import libreyolo.engine.setup as setup
+    from libreyolo.profiler.run import profile_once
 
     class Sleepy(setup.YOLODataset):
         def __getitem__(self, key):

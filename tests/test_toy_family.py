@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FAST
 from torch import nn
 
 from libreyolo import LibreYOLO
@@ -21,8 +22,6 @@ from libreyolo.families import NO_CAPTURE, Family, register, unregister
 from libreyolo.nn.blocks import Conv
 from libreyolo.nn.head import Detect
 from libreyolo.nn.nms import nms_packed
-
-from conftest import FAST
 
 
 class ToyNet(nn.Module):
@@ -162,8 +161,8 @@ def test_a_family_from_outside_trains_validates_and_reports_its_own_terms(toy, t
     assert len(SCHEDULED) == 2 * start["steps_per_epoch"] and float(rows[2][-1]) == pytest.approx(0.001)
     assert "toy_gain: 2.0" in (run / "args.yaml").read_text()
     # the console folds the same file into the family's terms: rows, curves and table columns
-    from console.state import RunState
-    from console.widgets.epochs import columns
+    from libreyolo_console.state import RunState
+    from libreyolo_console.widgets.epochs import columns
 
     state = RunState()
     state.apply(events)

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FAST
 
 from libreyolo import LibreYOLO
 from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.events import read_events, validate_event
-
-from conftest import FAST
 
 
 def test_tiny_model_overfits_a_handful_of_images(overfit_data, tmp_path):

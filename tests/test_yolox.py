@@ -7,6 +7,7 @@ import csv
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FAST
 
 from libreyolo import LibreYOLO
 from libreyolo.config import TrainConfig
@@ -19,8 +20,6 @@ from libreyolo.families.yolox.assigner import simota
 from libreyolo.families.yolox.loss import YOLOXLoss, decode
 from libreyolo.families.yolox.network import YOLOX
 from libreyolo.nn.head import make_anchors
-
-from conftest import FAST
 
 
 @pytest.mark.parametrize("size,published", [("n", 0.91e6), ("t", 5.06e6), ("s", 9.0e6)])

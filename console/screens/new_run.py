@@ -12,11 +12,10 @@ from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Static
 
-from console import command, supervisor
-from console.screens.dialogs import DataPicker
-from console.widgets.run_form import RunForm
 from libreyolo.errors import LibreYOLOError
-
+from libreyolo_console import command, supervisor
+from libreyolo_console.screens.dialogs import DataPicker
+from libreyolo_console.widgets.run_form import RunForm
 
 START_HINT = "enter on Start trains; tab moves between fields; ctrl+s starts from anywhere"
 

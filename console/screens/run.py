@@ -15,23 +15,23 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from console import supervisor
-from console.screens.dialogs import ConfirmScreen
-from console.runs import CRASHED, EVENTS, LIVE, RESUMABLE, classify, last_of, read_head_tail
-from console.state import RunState
-from console.supervisor import STDOUT_LOG, ProcessRecord, ProcessTree, StopResult
-from console.tail import EventBatch, EventTail, LineBatch, LineTail, follow
-from console.widgets.epochs import EpochTable
-from console.widgets.fmt import duration
-from console.widgets.gpu_panel import GpuPanel
-from console.widgets.graph_log import GraphLog, mode_short
-from console.widgets.log_tail import START_BYTES, LogTail, last_lines
-from console.widgets.plots import LossPlot, MetricsPlot
-from console.widgets.processes import ProcessPanel
-from console.widgets.progress import ProgressPanel
-from console.widgets.run_list import status_text
-from console.widgets.verdict import VerdictPanel
-from console.widgets.vram import VramPanel
+from libreyolo_console import supervisor
+from libreyolo_console.runs import CRASHED, EVENTS, LIVE, RESUMABLE, classify, last_of, read_head_tail
+from libreyolo_console.screens.dialogs import ConfirmScreen
+from libreyolo_console.state import RunState
+from libreyolo_console.supervisor import STDOUT_LOG, ProcessRecord, ProcessTree, StopResult
+from libreyolo_console.tail import EventBatch, EventTail, LineBatch, LineTail, follow
+from libreyolo_console.widgets.epochs import EpochTable
+from libreyolo_console.widgets.fmt import duration
+from libreyolo_console.widgets.gpu_panel import GpuPanel
+from libreyolo_console.widgets.graph_log import GraphLog, mode_short
+from libreyolo_console.widgets.log_tail import START_BYTES, LogTail, last_lines
+from libreyolo_console.widgets.plots import LossPlot, MetricsPlot
+from libreyolo_console.widgets.processes import ProcessPanel
+from libreyolo_console.widgets.progress import ProgressPanel
+from libreyolo_console.widgets.run_list import status_text
+from libreyolo_console.widgets.verdict import VerdictPanel
+from libreyolo_console.widgets.vram import VramPanel
 
 TABS = ("overview", "metrics", "gpu", "profiler", "graphs", "log")
 STALL_S = 30.0  # heartbeats come every 10 s: this long without any event means the trainer is stuck

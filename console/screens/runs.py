@@ -10,8 +10,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
-from console.runs import RunSummary, find_runs
-from console.widgets.run_list import RunList
+from libreyolo_console.runs import RunSummary, find_runs
+from libreyolo_console.widgets.run_list import RunList
 
 REFRESH_S = 2.0
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from textual import events
 from textual.widgets import DataTable
 
-from console.state import EpochRow, RunState
-from console.widgets.fmt import duration, num, seconds
+from libreyolo_console.state import EpochRow, RunState
+from libreyolo_console.widgets.fmt import duration, num, seconds
 
 METRICS = ("P", "R", "mAP50", "mAP50-95")
 TIMES = ("time", "val", "img/s")

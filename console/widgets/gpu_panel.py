@@ -7,8 +7,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from console.gpu import DeviceSample, GpuSnapshot
-from console.widgets.fmt import bar, mb
+from libreyolo_console.gpu import DeviceSample, GpuSnapshot
+from libreyolo_console.widgets.fmt import bar, mb
 
 
 class GpuPanel(Widget):

@@ -13,8 +13,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from console.state import RunState
-from console.widgets.fmt import mb
+from libreyolo_console.state import RunState
+from libreyolo_console.widgets.fmt import mb
 
 EMPTY = "No CUDA-graph events: an eager run has none; a graph run reports its first capture after a few steps."
 # Failures stand out by a word as well as a colour.

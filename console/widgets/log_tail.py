@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.text import Text
 from textual.widgets import Log
 
-from console.tail import LineBatch, LineTail
+from libreyolo_console.tail import LineBatch, LineTail
 
 START_BYTES = 256 << 10  # on attach, show the last 256 KiB, not a whole week of output
 

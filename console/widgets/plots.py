@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.color import Color
 from textual_plotext import PlotextPlot
 
-from console.state import RunState
+from libreyolo_console.state import RunState
 
 # With NO_COLOR every curve is the same colour, so each gets its own marker character instead.
 _PLAIN_MARKERS = ("+", "x", "o", "*", "#", "%")

@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from console.supervisor import ProcInfo
+from libreyolo_console.supervisor import ProcInfo
 
 
 class ProcessPanel(Widget):

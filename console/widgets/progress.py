@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.widget import Widget
 
-from console.state import RunState
-from console.widgets.fmt import bar, duration
+from libreyolo_console.state import RunState
+from libreyolo_console.widgets.fmt import bar, duration
 
 
 class ProgressPanel(Widget):

@@ -8,7 +8,7 @@ from textual.message import Message
 from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, Select
 
-from console import command
+from libreyolo_console import command
 
 
 class RunForm(VerticalScroll):

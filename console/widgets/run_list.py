@@ -7,7 +7,7 @@ import time
 from rich.text import Text
 from textual.widgets import DataTable
 
-from console.runs import RunSummary
+from libreyolo_console.runs import RunSummary
 
 # The state is always a word; colour only repeats it (NO_COLOR, 16 colours).
 STATUS_STYLE = {

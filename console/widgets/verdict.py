@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from console.state import RunState
+from libreyolo_console.state import RunState
 
 # Each phase is drawn with its own character as well as its own colour, so the bar reads without colour.
 PHASE_STYLE = {

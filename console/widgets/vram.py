@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from console.state import RunState
-from console.widgets.fmt import mb
+from libreyolo_console.state import RunState
+from libreyolo_console.widgets.fmt import mb
 
 EMPTY = "No VRAM events: peaks are reported per epoch on CUDA devices, capture costs when cuda_graph is on."
 
