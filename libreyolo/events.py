@@ -236,7 +236,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 class EventWriter:
     """Appends events as JSON lines and flushes each, so a reader (the console) sees them at once."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", encoding="utf-8")
@@ -255,7 +255,7 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def read_events(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Every complete line of an events file as a dict (a partial last line is left for later)."""
     with open(path, encoding="utf-8") as f:
         for line in f:

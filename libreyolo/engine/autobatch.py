@@ -11,13 +11,15 @@ the integer; on one GPU the training process itself. CPU and MPS keep the defaul
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from libreyolo.engine.components import NOMINAL_BATCH
+from libreyolo.families import LossFn
 
 FRACTION = 0.6
 PROBE_SIZES = (1, 2, 4, 8, 16)
@@ -59,7 +61,7 @@ def default_batch(world_size: int) -> int:
 
 def probe_memory(
     train_net: nn.Module,
-    loss_fn: Callable,
+    loss_fn: LossFn,
     device: torch.device,
     imgsz: int,
     autocast_dtype: torch.dtype | None,
@@ -77,23 +79,12 @@ def probe_memory(
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     for b in sizes:
         try:
-            torch.cuda.synchronize(device)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-            x = torch.rand(b, 3, imgsz, imgsz, device=device).contiguous(memory_format=fmt)
-            targets, mask = _synthetic_targets(b, imgsz, device)
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                outputs = train_net(x)
-            loss, _ = loss_fn(outputs, targets, mask, (imgsz, imgsz), float(b))
-            loss.backward()
-            torch.cuda.synchronize(device)
-            samples.append((b, float(torch.cuda.max_memory_allocated(device))))
+            samples.append((b, _peak_bytes(train_net, loss_fn, device, b, imgsz, autocast_dtype, fmt)))
         except torch.cuda.OutOfMemoryError:
             oom_at = b
             break
         finally:
             train_net.zero_grad(set_to_none=True)
-            x = targets = mask = outputs = loss = None  # noqa: F841  (drop references before the next size)
     torch.cuda.empty_cache()
     with torch.no_grad():
         for k, v in train_net.named_buffers():
@@ -104,7 +95,7 @@ def probe_memory(
 
 def autobatch(
     train_net: nn.Module,
-    loss_fn: Callable,
+    loss_fn: LossFn,
     device: torch.device,
     imgsz: int,
     autocast_dtype: torch.dtype | None,
@@ -126,7 +117,30 @@ def autobatch(
     return global_batch, line
 
 
-def probe_model(family: Any, size: str, nc: int, cfg: Any, device: torch.device) -> tuple[nn.Module, Callable]:
+def _peak_bytes(
+    train_net: nn.Module,
+    loss_fn: LossFn,
+    device: torch.device,
+    b: int,
+    imgsz: int,
+    autocast_dtype: torch.dtype | None,
+    fmt: torch.memory_format,
+) -> float:
+    """Peak allocated bytes of one forward+backward at batch b; its tensors are freed when it returns."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    x = torch.rand(b, 3, imgsz, imgsz, device=device).contiguous(memory_format=fmt)
+    targets, mask = _synthetic_targets(b, imgsz, device)
+    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        outputs = train_net(x)
+    loss, _ = loss_fn(outputs, targets, mask, (imgsz, imgsz), float(b))
+    loss.backward()
+    torch.cuda.synchronize(device)
+    return float(torch.cuda.max_memory_allocated(device))
+
+
+def probe_model(family: Any, size: str, nc: int, cfg: Any, device: torch.device) -> tuple[nn.Module, LossFn]:
     """A throwaway copy of the network the run will train, to probe (the real one's weights stay untouched)."""
     net = family.build(size, nc)
     train_net = family.train_net(net, cfg).to(device)
@@ -151,7 +165,7 @@ def resolve_global_batch(
     cfg: Any,
     device: torch.device,
     ctx: Any,
-    probe: Callable[[], tuple[nn.Module, Callable]],
+    probe: Callable[[], tuple[nn.Module, LossFn]],
     autocast_dtype: torch.dtype | None,
     notes: list[str],
 ) -> int:

@@ -11,6 +11,8 @@ state tensors are the optimizer's own, so checkpoints are interchangeable with t
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from libreyolo.engine.ema import ModelEMA
@@ -56,7 +58,7 @@ class CapturableUpdate:
         self.reload()
 
     @property
-    def groups(self) -> list[dict]:
+    def groups(self) -> list[dict[str, Any]]:
         """The optimizer's groups as they are now: a resume's load_state_dict replaces the group dicts, and
         the schedule writes the LR into the new ones."""
         return [g for g in self.opt.param_groups if g["params"]]
@@ -84,7 +86,7 @@ class CapturableUpdate:
         """Unscale, skip-on-inf, clip, update, zero the gradients, update the scaler and the EMA."""
         flat = self.flat.flat_grad
         if self.scaler.is_enabled():
-            scale = self.scaler._scale
+            scale, _ = self._scaler_tensors()
             self.found_inf.zero_()
             torch._amp_foreach_non_finite_check_and_unscale_(
                 [flat], self.found_inf, scale.double().reciprocal().float()
@@ -103,9 +105,10 @@ class CapturableUpdate:
         self.flat.refresh()
         if self.scaler.is_enabled():
             self.skipped += self.found_inf[0].to(torch.int32)
+            scale, tracker = self._scaler_tensors()
             torch._amp_update_scale_(
-                self.scaler._scale,
-                self.scaler._growth_tracker,
+                scale,
+                tracker,
                 self.found_inf,
                 self.scaler._growth_factor,
                 self.scaler._backoff_factor,
@@ -157,8 +160,15 @@ class CapturableUpdate:
             torch._foreach_mul_(upd, keep * lr / bias1)
             torch._foreach_sub_(params, upd)
 
+    def _scaler_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scaler's scale and growth tracker (made in __init__ for an enabled scaler)."""
+        scale, tracker = self.scaler._scale, self.scaler._growth_tracker
+        assert scale is not None and tracker is not None
+        return scale, tracker
+
     def _ema(self) -> None:
         e = self.ema
+        assert e is not None
         self.ema_updates += 1.0
         d = e.decay * (1.0 - torch.exp(-self.ema_updates / e.tau))
         torch._foreach_mul_(e._ema_t, d)

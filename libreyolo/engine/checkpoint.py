@@ -6,10 +6,11 @@ import glob
 import os
 import pickle
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ from libreyolo.errors import CheckpointError
 FORMAT = "libreyolo.checkpoint/v1"
 
 
-def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
+def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write to a temporary file in the same folder, fsync, then rename: a reader (or a kill -9) never
     sees a half-written checkpoint."""
     path = Path(path)
@@ -56,7 +57,7 @@ class CheckpointWriter:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
-        self._pending: list[tuple[Future, Callable[[Path], None]]] = []
+        self._pending: list[tuple[Future[Path], Callable[[Path], None]]] = []
 
     def submit(self, record: dict[str, Any], path: Path, on_done: Callable[[Path], None]) -> None:
         self._pending.append((self._pool.submit(save_atomic, record, path), on_done))
@@ -64,7 +65,8 @@ class CheckpointWriter:
     def drain(self, wait: bool = False) -> None:
         if wait:
             wait_all([f for f, _ in self._pending])
-        finished, pending = [], []
+        finished: list[tuple[Future[Path], Callable[[Path], None]]] = []
+        pending: list[tuple[Future[Path], Callable[[Path], None]]] = []
         for p in self._pending:  # done() asked once per write: one finishing meanwhile must land in one list
             (finished if p[0].done() else pending).append(p)
         self._pending = pending
@@ -87,7 +89,7 @@ def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], what: 
         raise CheckpointError(f"{what} do not fit the network: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a libreyolo checkpoint with torch.load(weights_only=True): no pickled code ever runs."""
     path = Path(path)
     if not path.is_file():

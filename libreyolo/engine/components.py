@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,6 +13,7 @@ from libreyolo.engine.amp import AmpPolicy, make_scaler, resolve_amp
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import EagerStep
+from libreyolo.families import LossFn, Reduce
 
 
 @dataclass
@@ -25,7 +26,7 @@ class StepParts:
     momentum: float
     scaler: torch.amp.GradScaler
     ema: ModelEMA | None
-    loss_fn: Callable
+    loss_fn: LossFn
     amp: AmpPolicy
     accumulate: int
     batch_scale: float
@@ -71,7 +72,7 @@ def build_step_parts(
     batch: int,
     n_train: int,
     batch_scale: float | None = None,
-    reduce_normalizer: Callable | None = None,
+    reduce_normalizer: Reduce | None = None,
     flat: bool = True,
 ) -> StepParts:
     """batch is the global batch (all processes together: accumulation, weight decay and the step count follow
@@ -87,7 +88,7 @@ def build_step_parts(
     # optimizer=auto tells long runs from short ones by their optimizer steps at the nominal batch (with nbs=auto
     # a short run steps every batch: counting those would call it long sooner)
     iterations = optimizer_steps(n_train, batch, NOMINAL_BATCH if cfg.nbs == "auto" else nbs, cfg.epochs)
-    name, lr0, momentum = optim.resolve_optimizer(cfg, net.nc, iterations)
+    name, lr0, momentum = optim.resolve_optimizer(cfg, int(getattr(net, "nc")), iterations)
     decay = cfg.weight_decay * batch * accumulate / nbs
     optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device, family.param_groups)
     ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,10 +37,10 @@ class ModelEMA:
         self.updates += 1
         torch._foreach_lerp_(self._ema_t, self._src_t, 1.0 - self.current_decay())
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"ema": self.ema.state_dict(), "updates": self.updates}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         from libreyolo.engine.checkpoint import load_weights
 
         load_weights(self.ema, state["ema"], "EMA weights")

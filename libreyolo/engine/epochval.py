@@ -119,7 +119,8 @@ class EpochValidations:
                 return
             self.pending = None
             landed = self._land(p) if p is not None else None
-            self._judge(*s.dist.broadcast(landed or (None, None, {})), p)
+            epoch, fitness, metrics = s.dist.broadcast(landed or (None, None, {}))
+            self._judge(epoch, fitness, metrics, p)
             return
         if p is None or (not wait and not p.validation.done()):
             return
@@ -159,7 +160,7 @@ class EpochValidations:
 
     def _judge(self, epoch: int | None, fitness: float | None, metrics: dict[str, float], p: _Pending | None) -> None:
         """Every rank: the best epoch so far (best.pt from the validated weights) and early stopping."""
-        if fitness is None:
+        if epoch is None or fitness is None:
             return
         tr = self.trainer
         cfg = tr.cfg

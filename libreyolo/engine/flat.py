@@ -110,7 +110,12 @@ class FlatParams:
         """Add gradients of the named parameters' stand-ins (computed elsewhere: a captured submodule's backward
         graph) into the flat fp32 gradient buffer."""
         masters = dict(zip(self.names, self.params))
-        torch._foreach_add_([masters[n].grad for n in names], [g.float() for g in grads])
+        acc: list[torch.Tensor] = []
+        for n in names:
+            grad = masters[n].grad
+            assert grad is not None  # a view into the flat gradient buffer, set at construction
+            acc.append(grad)
+        torch._foreach_add_(acc, [g.float() for g in grads])
 
     def zero_grad(self) -> None:
         self.flat_grad.zero_()
@@ -126,7 +131,7 @@ class FlatParams:
         return norm
 
 
-def _slots(module: nn.Module, proxy_of: dict[int, torch.Tensor]) -> list[tuple[dict, str, torch.Tensor]]:
+def _slots(module: nn.Module, proxy_of: dict[int, torch.Tensor]) -> list[tuple[dict[str, Any], str, torch.Tensor]]:
     """Every (module._parameters, name) that holds one of the parameters, with that parameter's stand-in: shared
     submodules and tied parameters (one Parameter under several names) are covered, as functional_call unties them."""
     out, seen = [], set()

@@ -12,23 +12,26 @@ scale update / EMA update (capturable.py). What makes that possible:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from libreyolo import events as ev
 from libreyolo.engine.capturable import CapturableUpdate
-from libreyolo.engine.graphs import GraphRunner
-from libreyolo.engine.step import EagerStep, normalize
+from libreyolo.engine.graphs import GraphRunner, Shape
+from libreyolo.engine.step import EagerStep, Phases, normalize
 
 
 class _FullGraph:
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
-        self.img: torch.Tensor | None = None
-        self.targets: torch.Tensor | None = None
-        self.mask: torch.Tensor | None = None
-        self.items: torch.Tensor | None = None
+
+    # the static input and output buffers, set by capture()
+    img: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    items: torch.Tensor
 
 
 class FullGraphStep(GraphRunner):
@@ -38,13 +41,13 @@ class FullGraphStep(GraphRunner):
         super().__init__(eager, emit, device)
         self.captures_loss = True
         self.update = CapturableUpdate(
-            parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, eager.flat, device
+            parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, self.flat, device
         )
         self.capacity = 4
-        self.pool = None
+        self.pool: Any = None  # the graphs' shared memory pool, made at the first capture
 
     # shapes: (B, H, W, 3, capacity); graphs: that plus the boundary flag
-    def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> tuple:
+    def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> Shape:
         if targets.shape[1] > self.capacity:
             old, self.capacity = self.capacity, targets.shape[1]
             if self.graphs:
@@ -54,10 +57,10 @@ class FullGraphStep(GraphRunner):
                 )
         return (*img.shape, self.capacity)
 
-    def graph_key(self, shape: tuple, boundary: bool) -> tuple:
+    def graph_key(self, shape: Shape, boundary: bool) -> Shape:
         return (*shape, boundary)
 
-    def describe(self, key: tuple) -> str:
+    def describe(self, key: Shape) -> str:
         return f"the whole {'boundary' if key[-1] else 'micro'} step (target capacity {key[4]})"
 
     def _pad(self, targets: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,24 +76,30 @@ class FullGraphStep(GraphRunner):
         with torch.autocast(
             "cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False
         ):
-            outs = e.flat.forward(x)
+            outs = self.flat.forward(x)
         loss, items = e.loss_fn(outs, targets, mask, (img.shape[1], img.shape[2]), e.batch_scale)
         if e.scaler.is_enabled():
-            loss = loss * e.scaler._scale
+            scale = e.scaler._scale
+            assert scale is not None  # made by CapturableUpdate before any capture
+            loss = loss * scale
         loss.backward()
-        e.flat.gather_grads()
+        self.flat.gather_grads()
         if boundary:
             self.update.step()
         return items
 
-    def run_eager(self, img, targets, mask, boundary, phases) -> torch.Tensor:
+    def run_eager(
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
+    ) -> torch.Tensor:
         targets, mask = self._pad(targets, mask)
         if boundary:
             self.update.load_hyper()
         with phases("forward"):
             return self._body(img, targets, mask, boundary)
 
-    def capture(self, key: tuple, img, targets, mask, boundary) -> _FullGraph:
+    def capture(
+        self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool
+    ) -> _FullGraph:
         targets, mask = self._pad(targets, mask)
         g = _FullGraph()
         g.img, g.targets, g.mask = img.clone(), targets.clone(), mask.clone()
@@ -100,7 +109,15 @@ class FullGraphStep(GraphRunner):
             g.items = self._body(g.img, g.targets, g.mask, boundary)
         return g
 
-    def replay(self, g: _FullGraph, img, targets, mask, boundary, phases) -> torch.Tensor:
+    def replay(
+        self,
+        g: _FullGraph,
+        img: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        boundary: bool,
+        phases: Phases,
+    ) -> torch.Tensor:
         with phases("to_device"):
             g.img.copy_(img)
             g.targets.zero_()

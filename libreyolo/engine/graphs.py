@@ -8,15 +8,18 @@ any other shape (the short last batch, multi-scale) runs eagerly."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from libreyolo import events as ev
-from libreyolo.engine.step import NO_PHASES, EagerStep
+from libreyolo.engine.flat import FlatParams
+from libreyolo.engine.step import NO_PHASES, EagerStep, Phases
 from libreyolo.engine.subgraphs import SubmoduleGraphs
 from libreyolo.families import WHOLE_NET, CapturePlan
 
+Shape = tuple[int, ...]  # an input's shape (and a full step's target capacity; a graph's key adds its boundary flag)
 STABLE_AFTER = 3  # capture on the 3rd consecutive sighting of a shape
 MAX_GRAPHS = 4  # shapes (and micro/boundary variants) kept captured at once
 
@@ -32,35 +35,46 @@ class GraphRunner:
 
     def __init__(self, eager: EagerStep, emit: Callable[[ev.Event], None], device: torch.device):
         self.eager, self.emit, self.device = eager, emit, device
-        self.graphs: dict[tuple, Any] = {}
-        self.last_shape: tuple | None = None
+        self.graphs: dict[Shape, Any] = {}
+        self.last_shape: Shape | None = None
         self.repeats = 0
         self.disabled = False
-        self.eager_shapes: set[tuple] = set()
+        self.eager_shapes: set[Shape] = set()
         self.captures = 0
         self.captures_loss = False
         self._why_next: str | None = None  # why the graphs were dropped: the next capture event says it
         self._side: torch.cuda.Stream | None = None
 
+    @property
+    def flat(self) -> FlatParams:
+        """The flat parameters every capture runs against (graph runners are only made where they exist: no DDP)."""
+        if self.eager.flat is None:
+            raise RuntimeError("CUDA-graph runners need the flat parameter storage, which DDP runs do not have")
+        return self.eager.flat
+
     # subclass interface
-    def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> tuple:
+    def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> Shape:
         return tuple(img.shape)
 
-    def run_eager(self, img, targets, mask, boundary, phases) -> torch.Tensor:
+    def run_eager(
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
+    ) -> torch.Tensor:
         return self.eager(img, targets, mask, boundary, phases)
 
-    def capture(self, key: tuple, img, targets, mask, boundary) -> Any:
+    def capture(self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> Any:
         raise NotImplementedError
 
-    def replay(self, graph: Any, img, targets, mask, boundary, phases) -> torch.Tensor:
+    def replay(
+        self, graph: Any, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
+    ) -> torch.Tensor:
         raise NotImplementedError
 
-    def graph_key(self, shape: tuple, boundary: bool) -> tuple:
+    def graph_key(self, shape: Shape, boundary: bool) -> Shape:
         return shape
 
     # the step
     def __call__(
-        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases = NO_PHASES
     ) -> torch.Tensor:
         if self.disabled:
             return self.run_eager(img, targets, mask, boundary, phases)
@@ -89,7 +103,9 @@ class GraphRunner:
             self._fallback(f"replay failed ({type(e).__name__}: {e}); training eager from here on", shape)
             return self.run_eager(img, targets, mask, boundary, phases)
 
-    def _eager_side(self, img, targets, mask, boundary, phases) -> torch.Tensor:
+    def _eager_side(
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
+    ) -> torch.Tensor:
         """Uncaptured steps run on a side stream: the steps before a capture are its warm-up iterations,
         which CUDA graphs require to happen off the capturing stream (and they are real training steps,
         so BatchNorm statistics see exactly what eager training would)."""
@@ -104,7 +120,9 @@ class GraphRunner:
         cur.wait_stream(self._side)
         return out
 
-    def _try_capture(self, key: tuple, img, targets, mask, boundary) -> Any:
+    def _try_capture(
+        self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool
+    ) -> Any:
         if len(self.graphs) >= MAX_GRAPHS:
             return None
         cuda = self.device.type == "cuda"
@@ -144,15 +162,15 @@ class GraphRunner:
         )
         return graph
 
-    def describe(self, key: tuple) -> str:
+    def describe(self, key: Shape) -> str:
         return "the network's forward and backward"
 
-    def _fallback(self, reason: str, shape: tuple | None) -> None:
+    def _fallback(self, reason: str, shape: Shape | None) -> None:
         self.disabled = True
         self.graphs.clear()
         self.emit(ev.Graph(action="fallback", mode=self.mode, reason=reason, shape=list(shape[:4]) if shape else None))
 
-    def invalidate(self, reason: str, shape: tuple | None = None) -> None:
+    def invalidate(self, reason: str, shape: Shape | None = None) -> None:
         """Drop every graph (a family hook calls this when what a captured step computes changes; the full-step
         runner when the target capacity grows); shapes are counted again and captured anew once stable, and
         that capture's event repeats the reason."""
@@ -184,7 +202,7 @@ class _NetGraph:
 
     def __init__(self) -> None:
         self.fwd, self.bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        self.x: torch.Tensor | None = None
+        self.x = torch.empty(0)  # the static input, made by capture()
         self.outs: tuple[torch.Tensor, ...] = ()
         self.grad_outs: list[torch.Tensor] = []
         self.single = False  # the network returns one tensor, not a tuple
@@ -203,12 +221,12 @@ class NetworkGraphStep(GraphRunner):
         super().__init__(eager, emit, device)
         self.parts = None if plan.whole_net else SubmoduleGraphs(eager, plan.modules)
 
-    def describe(self, key: tuple) -> str:
+    def describe(self, key: Shape) -> str:
         if self.parts is not None:
             return f"the forward and backward of {', '.join(self.parts.names)} (the rest eager)"
         return super().describe(key)
 
-    def capture(self, key: tuple, img, targets, mask, boundary) -> Any:
+    def capture(self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> Any:
         if self.parts is not None:
             return self.parts.capture(img)
         e = self.eager
@@ -237,19 +255,21 @@ class NetworkGraphStep(GraphRunner):
                 enabled=e.autocast_dtype is not None,
                 cache_enabled=False,
             ):
-                out = e.flat.forward(g.x)
+                out = self.flat.forward(g.x)
         g.single = isinstance(out, torch.Tensor)  # the loss gets what the network returns: a tensor or a tuple
         g.outs = (out,) if g.single else tuple(out)
         g.grad_outs = [torch.empty_like(o) for o in g.outs]
         with torch.cuda.graph(g.bwd, pool=pool, capture_error_mode="thread_local"):
             torch.autograd.backward(g.outs, grad_tensors=g.grad_outs)
-            e.flat.gather_grads()
+            self.flat.gather_grads()
         # keep the output buffers, drop the captured autograd graph: its nodes would otherwise stay alive
         # (on the capture stream) and make later eager steps synchronise across streams
         g.outs = tuple(o.detach() for o in g.outs)
         return g
 
-    def replay(self, g: Any, img, targets, mask, boundary, phases) -> torch.Tensor:
+    def replay(
+        self, g: Any, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
+    ) -> torch.Tensor:
         if self.parts is not None:
             with self.parts.active(g):
                 return self.eager(img, targets, mask, boundary, phases)

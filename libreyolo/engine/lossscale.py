@@ -12,10 +12,13 @@ counted as before. BatchNorm buffers are restored afterwards, so the probe leave
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+
+from libreyolo.families import LossFn
 
 MAX_EXP = 24  # 2**24: far above any scale a real network's gradients fit under in float16
 FP16_MAX = 65504.0
@@ -52,7 +55,7 @@ def largest_finite_exp(
 def probe_loss_scale(
     net: nn.Module,
     forward: Callable[[torch.Tensor], Any],
-    loss_fn: Callable,
+    loss_fn: LossFn,
     inputs: list[torch.Tensor],
     img: torch.Tensor,
     targets: torch.Tensor,
@@ -106,7 +109,8 @@ def probe_loss_scale(
 def set_start_scale(scaler: torch.amp.GradScaler, scale: float) -> None:
     """Before the first optimizer step: the scaler's scale tensor if it exists (whole-step capture creates it
     early), else the value it will be created with."""
-    if getattr(scaler, "_scale", None) is not None:
-        scaler._scale.fill_(scale)
+    current = getattr(scaler, "_scale", None)  # absent on a disabled scaler
+    if current is not None:
+        current.fill_(scale)
     else:
         scaler._init_scale = scale

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-
 
 FUSED_DEVICES = ("cuda", "cpu")  # where torch's fused SGD and AdamW run
 
@@ -64,6 +64,7 @@ def build_optimizer(
     # with the foreach implementations, which step() only when that read says the gradients are finite)
     fused = device.type in FUSED_DEVICES
     kw: dict[str, Any] = {"fused": True} if fused else {"foreach": True}
+    opt: torch.optim.Optimizer
     if name == "SGD":
         opt = torch.optim.SGD(plain, lr=lr, momentum=momentum, nesterov=True, **kw)
         if fused:
@@ -96,7 +97,7 @@ def lr_factor(epoch: float, epochs: int, lrf: float, cosine: bool) -> float:
 
 
 def apply_schedule(
-    opt: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer,
     cfg: Any,
     epoch: int,
     ni: int,
@@ -106,7 +107,7 @@ def apply_schedule(
 ) -> None:
     """Set each group's LR (and momentum during warm-up) for global iteration ni of epoch."""
     target = lr_factor(epoch, cfg.epochs, cfg.lrf, cfg.cos_lr)
-    for g in opt.param_groups:
+    for g in optimizer.param_groups:
         lr = g["initial_lr"] * target
         if ni < warmup_iters:
             # biases fall from warmup_bias_lr, the other groups rise from 0

@@ -44,7 +44,7 @@ def results_row(
     return row
 
 
-def increment_run_dir(project: str | os.PathLike, name: str, exist_ok: bool) -> Path:
+def increment_run_dir(project: str | os.PathLike[str], name: str, exist_ok: bool) -> Path:
     """project/name if free (or exist_ok), else the first free project/name2, name3, ... (created atomically)."""
     project = Path(project)
     project.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@ to eager with one `graph` event saying why, as before."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,13 +33,14 @@ from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
 from libreyolo.engine.components import build_step_parts
 from libreyolo.engine.ema import ModelEMA
-from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES, select_step
 from libreyolo.engine.meters import LossMeter
-from libreyolo.engine.step import EagerStep, StepRunner
-from libreyolo.families import Family, ScheduleFn, get_family
 from libreyolo.engine.rundir import increment_run_dir, write_args
+from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
+from libreyolo.engine.runners import select_step
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
+from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.errors import CheckpointError, ConfigError, DataError
+from libreyolo.families import Family, LossFn, ScheduleFn, get_family
 from libreyolo.render import RichRenderer
 
 # settings a resumed run may change; everything else comes from the checkpoint so the run continues as it was
@@ -66,9 +68,9 @@ class TrainSetup:
     graph_mode: bool | str  # what cuda_graph the run uses (auto resolved): "full", True or False
     graph_reason: str  # one line: why
     schedule: ScheduleFn  # the family's LR schedule, or the default
-    loss_fn: Callable  # the training loss (the step runner holds it too; a family hook may switch its terms)
-    val_loss: Callable
-    train_loader: torch.utils.data.DataLoader
+    loss_fn: LossFn  # the training loss (the step runner holds it too; a family hook may switch its terms)
+    val_loss: LossFn
+    train_loader: torch.utils.data.DataLoader[Any]
     val_loader: ValLoader
     sampler: TrainBatchSampler
     batch_per_rank: int
@@ -144,7 +146,7 @@ class TrainSetup:
             fn()
 
 
-def release_workers(loader: torch.utils.data.DataLoader) -> None:
+def release_workers(loader: torch.utils.data.DataLoader[Any]) -> None:
     """Stop a loader's persistent workers now. Left to interpreter exit, torch's atexit hook joins each
     worker with a 5 s timeout before terminating it: 15 workers cost 75 s after a finished run (seen on
     the H200). Dropping the iterator sends the workers their stop sentinel, and they exit at once."""
@@ -234,7 +236,9 @@ def build_setup(trainer: Any) -> TrainSetup:
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size)
     # persistent validation workers: no start-up each epoch, and they decode during an epoch's last steps
     vl = val_loader(val_ds, min(batch_per_rank * 2, 64), default_val_workers(workers), pin, persistent=dist.is_main)
-    nb = tl.batch_sampler.batches_per_epoch()
+    sampler = tl.batch_sampler
+    assert isinstance(sampler, TrainBatchSampler)
+    nb = sampler.batches_per_epoch()
     torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 
     ddp = dist.world_size > 1  # DDP hooks the registered parameters' gradients: no flat parameter storage then
@@ -274,12 +278,12 @@ def build_setup(trainer: Any) -> TrainSetup:
         eager=eager,
         graph_mode=graph_mode,
         graph_reason=graph_reason,
-        schedule=family.schedule or optim.apply_schedule,
+        schedule=family.schedule if family.schedule is not None else optim.apply_schedule,
         loss_fn=parts.loss_fn,
         val_loss=family.loss(net, cfg),
         train_loader=tl,
         val_loader=vl,
-        sampler=tl.batch_sampler,
+        sampler=sampler,
         batch_per_rank=batch_per_rank,
         accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0,

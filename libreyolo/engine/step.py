@@ -6,13 +6,16 @@ these names; `phases` is a no-op object unless the profiler swaps in its own for
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Protocol
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
+from libreyolo.families import LossFn
 
 PHASES = ("data", "to_device", "forward", "loss", "backward", "optimizer", "ema")
 
@@ -22,11 +25,13 @@ class NoPhases:
 
     _null = contextlib.nullcontext()
 
-    def __call__(self, name: str) -> ContextManager:
+    def __call__(self, name: str) -> AbstractContextManager[None]:
         return self._null
 
 
 NO_PHASES = NoPhases()
+# what a step enters around each phase: NO_PHASES, or the profiler's timer during its window
+Phases = Callable[[str], AbstractContextManager[Any]]
 
 
 class StepRunner(Protocol):
@@ -36,7 +41,7 @@ class StepRunner(Protocol):
     captures_loss: bool  # whether a captured graph holds the loss (a change to the loss then needs a re-capture)
 
     def __call__(
-        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = ...
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases = ...
     ) -> torch.Tensor:
         """One micro-step (an optimizer step too when boundary); -> the detached loss terms."""
 
@@ -60,7 +65,7 @@ class EagerStep:
     def __init__(
         self,
         net: nn.Module,
-        loss_fn: Callable,
+        loss_fn: LossFn,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
         ema: ModelEMA | None,
@@ -87,11 +92,12 @@ class EagerStep:
             return self.flat.forward(x) if self.flat is not None else self.net(x)
 
     def __call__(
-        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Any = NO_PHASES
+        self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases = NO_PHASES
     ) -> torch.Tensor:
         """img: uint8 (B, H, W, 3) on the device; returns the detached loss terms [box, cls, dfl]."""
         # DDP: inside an accumulation window gradients stay local; the boundary's backward all-reduces their sum once
-        with self.net.no_sync() if not boundary and hasattr(self.net, "no_sync") else contextlib.nullcontext():
+        no_sync = getattr(self.net, "no_sync", None)
+        with no_sync() if not boundary and no_sync is not None else contextlib.nullcontext():
             with phases("forward"):
                 outputs = self.forward(img)
             with phases("loss"):
@@ -104,7 +110,7 @@ class EagerStep:
             self.update(phases)
         return items
 
-    def update(self, phases: Any = NO_PHASES) -> None:
+    def update(self, phases: Phases = NO_PHASES) -> None:
         """The end of an accumulation window: optimizer step, then the EMA."""
         with phases("optimizer"):
             self.optimizer_step()
@@ -130,10 +136,13 @@ class EagerStep:
                 self.flat.clip_grad_norm_(self.grad_clip)
             else:
                 torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
-        scale_before = self.scaler._scale.clone() if self.scaler.is_enabled() else None
+        scale_before = (
+            self.scaler._scale.clone() if self.scaler.is_enabled() and self.scaler._scale is not None else None
+        )
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if scale_before is not None:  # the scale only drops when the step was skipped
+            assert self.scaler._scale is not None
             skipped = (self.scaler._scale < scale_before).int()
             self.skipped = skipped if self.skipped is None else self.skipped + skipped
         if self.flat is not None:

@@ -10,7 +10,8 @@ once per capture with a no-grad eval-mode forward (which leaves BatchNorm statis
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +32,7 @@ class _ModuleGraph:
 
 class _Replay(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, g: _ModuleGraph, x: torch.Tensor, anchor: torch.Tensor) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, g: _ModuleGraph, x: torch.Tensor, anchor: torch.Tensor) -> Any:
         g.x.copy_(x)
         g.fwd.replay()
         ctx.g = g
@@ -39,7 +40,7 @@ class _Replay(torch.autograd.Function):
         return outs[0] if g.single else outs
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         g = ctx.g
         for dst, gr in zip(g.grad_outs, grads):
             dst.copy_(gr) if gr is not None else dst.zero_()

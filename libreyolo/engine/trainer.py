@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ class Trainer:
         self.best_metrics: dict[str, float] = {}
         self.bad_files: set[str] = set()
         self.epoch, self.step_in_epoch, self.epochs_done = 0, 0, 0
-        self.s: TrainSetup | None = None
+        self._setup: TrainSetup | None = None
         self.after_step: Any = None  # optional callable(trainer) after every step (the profiler's window)
         self.stop_requested: str | None = None  # a run status: the loop ends after the current step
         self._held: list[ev.Event] | None = []
@@ -44,7 +45,7 @@ class Trainer:
         """Send an event to every sink. Events raised while the run is being set up are held back until
         run_start has been written, so every events.jsonl begins with run_start."""
         if event.type == "run_start":
-            self._held, held = None, self._held or []
+            held, self._held = self._held or [], None
             for e in [event, *held]:
                 self._send(e)
         elif self._held is not None:
@@ -53,8 +54,19 @@ class Trainer:
             self._send(event)
 
     def _send(self, event: ev.Event) -> None:
-        for cb in self.s.sinks if self.s else []:
+        for cb in self._setup.sinks if self._setup else []:
             cb(event)
+
+    @property
+    def s(self) -> TrainSetup:
+        """What build_setup made for this run; there is none before train() starts."""
+        if self._setup is None:
+            raise RuntimeError("the trainer has no setup yet: train() builds it")
+        return self._setup
+
+    @s.setter
+    def s(self, setup: TrainSetup) -> None:
+        self._setup = setup
 
     # --- the run ------------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -213,13 +225,16 @@ class Trainer:
         the same on every rank, instead of losing the first optimizer steps to GradScaler's back-off."""
         self._probe_scale = False
         s, e = self.s, self.s.eager
+        forward: Callable[[torch.Tensor], object]
         if e.flat is not None:
             forward, inputs = e.forward, list(e.flat.proxies.values())
         else:  # DDP: probe the plain module (the DDP wrapper expects its own backward)
 
-            def forward(x: torch.Tensor) -> object:
+            def plain_forward(x: torch.Tensor) -> object:
                 with torch.autocast(x.device.type, dtype=e.autocast_dtype):
                     return s.train_net(normalize(x, e.channels_last))
+
+            forward = plain_forward
 
             inputs = [p for p in s.train_net.parameters() if p.requires_grad]
         scale, exp = probe_loss_scale(

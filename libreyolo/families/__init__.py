@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -18,6 +19,17 @@ from libreyolo.keys import Key
 
 # the built-in families, imported on first use of the registry (each module calls register())
 _BUILTIN = ("libreyolo.families.yolo9", "libreyolo.families.yolox")
+
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]  # DDP's all-reduce of the loss normaliser
+N = TypeVar("N", bound=nn.Module)
+
+
+def own(net: nn.Module, cls: type[N]) -> N:
+    """The family's own network class, from the nn.Module the engine hands a family function."""
+    if not isinstance(net, cls):
+        raise TypeError(f"expected a {cls.__name__} network, got {type(net).__name__}")
+    return net
 
 
 class LossFn(Protocol):
@@ -91,7 +103,7 @@ class Family:
     task: str
     build: Callable[[str, int], nn.Module]  # (size, num_classes) -> network, random init
     train_net: Callable[[nn.Module, Any], nn.Module]  # (network, TrainConfig) -> what the step runs
-    loss: Callable[[nn.Module, Any, Callable | None], LossFn]  # (network, cfg, normalizer reduce) -> loss fn
+    loss: Callable[[nn.Module, Any, Reduce | None], LossFn]  # (network, cfg, normalizer reduce) -> loss fn
     postprocess: PostprocessFn
     loss_terms: tuple[str, ...]  # names of the logged loss terms, in the order the loss returns them
     keys: tuple[Key, ...] = ()  # the family's own training keys (merged into TrainConfig's spec)
@@ -100,7 +112,7 @@ class Family:
     defaults: dict[str, Any] = field(default_factory=dict)  # defaults of shared keys that differ for this family
     param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None  # None: engine.optim.param_groups
     schedule: ScheduleFn | None = None  # None: engine.optim.apply_schedule (warm-up, then linear or cosine)
-    hooks: dict[str, Callable] = field(default_factory=dict)  # e.g. on_mosaic_close(trainer)
+    hooks: dict[str, Callable[[Any], None]] = field(default_factory=dict)  # e.g. on_mosaic_close(trainer)
 
     @property
     def supports_full_graph(self) -> bool:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from libreyolo import keys as K
-from libreyolo.families import WHOLE_NET, Family, register
+from libreyolo.families import WHOLE_NET, Family, Reduce, own, register
 from libreyolo.families.yolo9.loss import DetectionLoss
-from libreyolo.families.yolo9.network import SIZES, TrainNet, YOLO9
+from libreyolo.families.yolo9.network import SIZES, YOLO9, TrainNet
 from libreyolo.families.yolo9.postprocess import postprocess
 
 LOSS_TERMS = ("box", "cls", "dfl")
@@ -28,14 +28,14 @@ def build(size: str, nc: int) -> YOLO9:
     return YOLO9(size, nc)
 
 
-def train_net(net: YOLO9, cfg: Any) -> TrainNet:
-    return TrainNet(net, aux=bool(cfg.aux))
+def train_net(net: nn.Module, cfg: Any) -> TrainNet:
+    return TrainNet(own(net, YOLO9), aux=bool(cfg.aux))
 
 
 class Yolo9Loss:
     """Main head loss plus aux_weight times the auxiliary head's loss; logged terms are the main head's."""
 
-    def __init__(self, net: YOLO9, cfg: Any, reduce_normalizer: Callable | None = None):
+    def __init__(self, net: YOLO9, cfg: Any, reduce_normalizer: Reduce | None = None):
         self.main = DetectionLoss(
             net.nc, net.strides, net.reg_max, cfg.box, cfg.cls, cfg.dfl, reduce_normalizer=reduce_normalizer
         )
@@ -48,7 +48,7 @@ class Yolo9Loss:
         mask: torch.Tensor,
         imgsz: tuple[int, int],
         batch_scale: float,
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(outputs, torch.Tensor):  # the detector alone (validation): the main head's output
             outputs = (outputs,)
         if len(outputs) > 1 and self.aux_weight > 0:
@@ -57,8 +57,8 @@ class Yolo9Loss:
         return self.main(outputs[0], targets, mask, imgsz, batch_scale)
 
 
-def loss(net: YOLO9, cfg: Any, reduce_normalizer: Callable | None = None) -> Yolo9Loss:
-    return Yolo9Loss(net, cfg, reduce_normalizer)
+def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> Yolo9Loss:
+    return Yolo9Loss(own(net, YOLO9), cfg, reduce_normalizer)
 
 
 FAMILY = register(

@@ -5,7 +5,7 @@ being indexed away, and the target-score normaliser stays a device tensor."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ class DetectionLoss:
         self.assigner = TaskAlignedAssigner(nc, topk, alpha, beta)
         # under DDP the number-of-targets normaliser is averaged over ranks (see distributed/context.py)
         self.reduce_normalizer = reduce_normalizer
-        self._weights: dict[tuple, torch.Tensor] = {}
+        self._weights: dict[tuple[tuple[float, ...], float, str], torch.Tensor] = {}
 
     def __call__(
         self,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from libreyolo.nn.blocks import ADown, Conv, ELAN1, RepNCSPELAN4, SPPELAN
+from libreyolo.nn.blocks import ELAN1, SPPELAN, ADown, Conv, RepNCSPELAN4
 from libreyolo.nn.head import Detect
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
+from libreyolo.families import own
 from libreyolo.families.yolo9.network import YOLO9
 from libreyolo.nn.nms import nms_packed
 
 
 @torch.no_grad()
 def postprocess(
-    net: YOLO9,
+    net: nn.Module,
     raw: Any,
     imgsz: tuple[int, int],
     conf: float = 0.25,
@@ -24,5 +26,6 @@ def postprocess(
     y2 (input pixels), score, class."""
     if isinstance(raw, (tuple, list)):
         raw = raw[0]
+    net = own(net, YOLO9)
     pred = net.head.decode(raw.float(), net.feature_shapes(*imgsz))  # (B, A, 4 + nc)
     return nms_packed(pred[..., :4], pred[..., 4:], conf, iou, max_det, multi_label)

@@ -4,12 +4,13 @@ with an L1 term switched on when mosaic closes, and YOLOX's warm-up + cosine LR 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from torch import nn
 
 from libreyolo import keys as K
-from libreyolo.families import WHOLE_NET, Family, register
+from libreyolo.families import WHOLE_NET, Family, Reduce, own, register
 from libreyolo.families.yolox.loss import YOLOXLoss
 from libreyolo.families.yolox.network import SIZES, YOLOX
 from libreyolo.families.yolox.postprocess import postprocess
@@ -47,15 +48,16 @@ def build(size: str, nc: int) -> YOLOX:
     return YOLOX(size, nc)
 
 
-def train_net(net: YOLOX, cfg: Any) -> YOLOX:
+def train_net(net: nn.Module, cfg: Any) -> nn.Module:
     return net  # no training-only heads: the step runs the detector itself
 
 
-def loss(net: YOLOX, cfg: Any, reduce_normalizer: Callable | None = None) -> YOLOXLoss:
+def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> YOLOXLoss:
+    net = own(net, YOLOX)
     # a config built for another family (`model.val()` builds one without the model's family) has no YOLOX
     # gains, or another family's under the same name: use YOLOX's defaults then
-    own = getattr(cfg, "family", None) == NAME
-    g = {k.name: float(getattr(cfg, k.name)) if own else float(k.default) for k in KEYS}
+    is_own = getattr(cfg, "family", None) == NAME
+    g = {k.name: float(getattr(cfg, k.name)) if is_own else float(k.default) for k in KEYS}
     return YOLOXLoss(net.nc, net.strides, g["box"], g["obj"], g["cls"], g["l1"], reduce_normalizer=reduce_normalizer)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
+from libreyolo.families import own
 from libreyolo.families.yolox.loss import as_raw, decode
 from libreyolo.families.yolox.network import YOLOX
 from libreyolo.nn.nms import nms_packed
@@ -14,7 +16,7 @@ from libreyolo.nn.nms import nms_packed
 
 @torch.no_grad()
 def postprocess(
-    net: YOLOX,
+    net: nn.Module,
     raw: Any,
     imgsz: tuple[int, int],
     conf: float = 0.25,
@@ -25,6 +27,6 @@ def postprocess(
     """The detector's (B, A, 5 + nc) output (or the train net's, the same) -> (N, 7): batch index, x1, y1, x2,
     y2 (input pixels), score, class."""
     raw = as_raw(raw).float()
-    boxes, _, _ = decode(raw, imgsz, net.strides)
+    boxes, _, _ = decode(raw, imgsz, own(net, YOLOX).strides)
     scores = raw[..., 4:5].sigmoid() * raw[..., 5:].sigmoid()
     return nms_packed(boxes, scores, conf, iou, max_det, multi_label)
