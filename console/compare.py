@@ -37,7 +37,7 @@ class CompareRun:
     status: str = "?"  # "?" until the first read of its events.jsonl; then live, crashed or run_end's status
     state: RunState = field(default_factory=RunState)
     first_start: dict[str, Any] | None = None  # run_start of the first process (the args as first given)
-    file_args: dict[str, Any] = field(default_factory=dict)  # args.yaml, where run_start has no config
+    file_args: dict[str, Any] = field(init=False, default_factory=dict)  # args.yaml, for a run_start without config
     loaded: bool = False
     _parts_s: float = 0.0  # wall time of the processes that have ended (or were followed by another)
     _open_t: float | None = None  # run_start time of the process not yet ended
