@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import Worker, WorkerState
 
 from libreyolo_console.runs import RunSummary, find_runs
+from libreyolo_console.screens.compare import CompareScreen
 from libreyolo_console.widgets.run_list import RunList
 
 REFRESH_S = 2.0
@@ -19,6 +20,8 @@ REFRESH_S = 2.0
 class RunsScreen(Screen):
     BINDINGS = [
         Binding("enter", "open", "Open"),
+        Binding("space", "mark", "Mark"),
+        Binding("c", "compare", "Compare"),
         Binding("n", "new_run", "New run"),
         Binding("f5,ctrl+r", "refresh", "Refresh", key_display="f5"),
     ]
@@ -74,6 +77,18 @@ class RunsScreen(Screen):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open()
+
+    def action_mark(self) -> None:
+        self.query_one(RunList).toggle_mark()
+
+    def action_compare(self) -> None:
+        """The marked runs side by side; every listed run when none is marked."""
+        run_list = self.query_one(RunList)
+        runs = run_list.marked_runs or list(run_list.runs.values())
+        if not runs:
+            self.notify("no runs to compare yet", severity="warning")
+            return
+        self.app.push_screen(CompareScreen([(r.run_dir, r.name) for r in runs]))
 
     def action_new_run(self) -> None:
         self.app.new_run()
