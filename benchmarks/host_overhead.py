@@ -10,7 +10,8 @@ take. On a CPU with a tiny input (batch 2, 32 px) the compute is negligible too,
   (time.thread_time: time the step spent running, not waiting for a core on a loaded machine), wall time beside.
 `--micro` (the default for timing) narrows every layer to a few channels: the same layers and the same ops
 in the same order (the op counts are identical), with CPU compute small enough that dispatch dominates; oneDNN
-is switched off for it (its per-call set-up costs more than these convolutions). `--instructions` runs one window inside a C call (qsort's comparison callback) for callgrind to count the machine
+is switched off for it (its per-call set-up costs more than these convolutions). `--instructions` runs one window
+inside a C call (qsort's comparison callback) for callgrind to count the machine
 instructions of, the steadiest of these figures on a shared machine (two minutes to import torch under valgrind):
 
     valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*qsort*' --callgrind-out-file=/dev/null \
@@ -221,11 +222,13 @@ def main(argv: list[str]) -> int:
         print(json.dumps(r))
         return 0
     print(
-        f"ops/step {r['ops_per_step']:.0f} (+{r['view_ops_per_step']:.0f} views); host reads per window {r['host_reads_per_window']}"
+        f"ops/step {r['ops_per_step']:.0f} (+{r['view_ops_per_step']:.0f} views); host reads per window "
+        f"{r['host_reads_per_window']}"
     )
     print("ops per phase: " + ", ".join(f"{k} {v:.0f}" for k, v in r["ops_per_phase"].items()))
     print(
-        f"host CPU ms/step median {r['host_ms_per_step']:.2f} (min {r['host_ms_min']:.2f}, wall {r['wall_ms_per_step']:.2f}); per phase: "
+        f"host CPU ms/step median {r['host_ms_per_step']:.2f} (min {r['host_ms_min']:.2f}, wall "
+        f"{r['wall_ms_per_step']:.2f}); per phase: "
         + ", ".join(f"{k} {v:.2f}" for k, v in r["host_ms_per_phase"].items())
     )
     for k, v in r["top_ops"].items():

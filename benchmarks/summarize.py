@@ -16,13 +16,17 @@ for path in [a for a in sys.argv[1:] if a != "-v"]:
     for d in records(path):
         m = d["meta"]
         print(
-            f"== {path}: {m['model']} b{m['batch']} {m['imgsz']}px {m['amp_dtype'] if m['amp'] else 'fp32'} {m['gpu']} torch {m['torch']} cap {m['targets_capacity']}"
+            f"== {path}: {m['model']} b{m['batch']} {m['imgsz']}px {m['amp_dtype'] if m['amp'] else 'fp32'} {m['gpu']} "
+            f"torch {m['torch']} cap {m['targets_capacity']}"
         )
         for r in d["results"]:
             print(
-                f"  {r['mode']:<6} median {r['median_ms']:7.1f} ms  min {r['min_ms']:7.1f}  x{r['speedup_vs_eager'] or 0:4.2f}  "
-                f"kernels {r.get('kernels_per_step', 0):6.0f}  launches {r.get('launches_per_step', 0):6.0f}  busy {r.get('gpu_busy_ms_per_step') or 0:6.1f} ms "
-                f"(kernel sum {r.get('kernel_time_sum_ms_per_step') or 0:.1f}, {r.get('gpu_busy_frac') or 0:.0%} of the profiled window)  "
+                f"  {r['mode']:<6} median {r['median_ms']:7.1f} ms  min {r['min_ms']:7.1f}  "
+                f"x{r['speedup_vs_eager'] or 0:4.2f}  "
+                f"kernels {r.get('kernels_per_step', 0):6.0f}  launches {r.get('launches_per_step', 0):6.0f}  busy "
+                f"{r.get('gpu_busy_ms_per_step') or 0:6.1f} ms "
+                f"(kernel sum {r.get('kernel_time_sum_ms_per_step') or 0:.1f}, {r.get('gpu_busy_frac') or 0:.0%} of "
+                "the profiled window)  "
                 f"peak {r['peak_allocated_gb'] or 0:.2f}/{r['peak_reserved_gb'] or 0:.2f} GiB"
             )
             if r.get("per_phase"):

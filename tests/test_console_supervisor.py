@@ -59,7 +59,10 @@ IGNORE = DEFAULT_INT + "import signal, sys, time\n{ignores}print('ready', flush=
 
 
 def test_launch_detaches_records_identity_and_logs(tmp_path, spawned):
-    code = "import os, sys, time\nprint('stdin:', repr(sys.stdin.read()), flush=True)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    code = (
+        "import os, sys, time\nprint('stdin:', repr(sys.stdin.read()), flush=True)\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
     rec = launch(tmp_path, _py(code), "stand-in")
     spawned.append(rec.pgid)
     _ready(tmp_path)
@@ -109,7 +112,8 @@ def test_stop_climbs_the_ladder_and_reports_the_step_that_ended_it(tmp_path, spa
 def test_stop_signals_the_whole_group_and_not_a_dead_run(tmp_path, spawned):
     code = (
         DEFAULT_INT + "import subprocess, sys, time\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(60)'])\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGINT, "
+        "signal.default_int_handler); time.sleep(60)'])\n"
         "print('ready', c.pid, flush=True)\ntime.sleep(60)\n"
     )
     rec = launch(tmp_path, _py(code))
@@ -126,7 +130,8 @@ def test_stop_signals_the_whole_group_and_not_a_dead_run(tmp_path, spawned):
 def test_process_tree_lists_ranks_by_their_rank_variable(tmp_path, spawned):
     code = (
         "import os, subprocess, sys, time\n"
-        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env={**os.environ, 'RANK': str(r)}) for r in (0, 1)]\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "env={**os.environ, 'RANK': str(r)}) for r in (0, 1)]\n"
         "kids.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
         "print('ready', flush=True)\ntime.sleep(60)\n"
     )

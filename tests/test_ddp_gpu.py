@@ -59,8 +59,10 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
 
         if __name__ == "__main__":
             m = LibreYOLO("LibreYOLO9t")
-            m.train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, epochs=2, imgsz=64, batch=8, workers=2, cuda_graph=True,
-                    device="0,1" if __import__("torch").cuda.device_count() > 1 else "0", callbacks=[DistProbe({str(tmp_path / "probe.json")!r})])
+            m.train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, epochs=2, imgsz=64, batch=8,
+                    workers=2, cuda_graph=True,
+                    device="0,1" if __import__("torch").cuda.device_count() > 1 else "0",
+                    callbacks=[DistProbe({str(tmp_path / "probe.json")!r})])
             print("RESULT", m.last_run, m.trained, flush=True)
     """)
     )

@@ -47,7 +47,8 @@ def _env(tag: str) -> dict[str, str]:
 
 
 def _tagged(tag: str, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
-    """Live processes carrying the tag, except multiprocessing's resource tracker (it belongs to its parent's lifetime)."""
+    """Live processes carrying the tag, except multiprocessing's resource tracker (it belongs to its parent's
+    lifetime)."""
     out = []
     for p in psutil.process_iter():
         try:
@@ -82,7 +83,8 @@ def _wait_event(events: Path, pred, proc: subprocess.Popen, timeout: float = 180
                     return e
         if proc.poll() is not None:
             pytest.fail(
-                f"the run ended (rc {proc.returncode}) before the awaited event: {proc.stderr.read() if proc.stderr else ''}"
+                f"the run ended (rc {proc.returncode}) before the awaited event: "
+                f"{proc.stderr.read() if proc.stderr else ''}"
             )
         time.sleep(0.05)
     pytest.fail("timed out waiting for an event")
@@ -156,7 +158,7 @@ def test_spawn_launch_end_to_end(tiny_data, tmp_path, monkeypatch):
     assert rs["pid"] != os.getpid() and events[-1]["status"] == "finished"
     assert len((run / "results.csv").read_text().splitlines()) == 2
     # the callback ran once per event, in rank 0's process only
-    lines = [l.split() for l in log.read_text().splitlines()]
+    lines = [line.split() for line in log.read_text().splitlines()]
     assert {pid for pid, _ in lines} == {str(rs["pid"])} and [t for _, t in lines] == [e["type"] for e in events]
     # the caller's model now holds rank 0's best weights
     best = load_checkpoint(run / "weights" / "best.pt")["model"]

@@ -161,7 +161,7 @@ def test_eager_step_trains_as_the_plain_pytorch_loop(name):
         items = step(img, targets, mask, n % acc == 0)
         loss, ref_items = ref_loss(ref(normalize(img)), targets, mask, (64, 64), parts.batch_scale)
         scalers[1].scale(loss).backward()
-        torch.testing.assert_close(items, ref_items, **tol, msg=lambda m: f"step {n}: {m}")
+        torch.testing.assert_close(items, ref_items, **tol, msg=lambda m, n=n: f"step {n}: {m}")
         if n % acc:
             continue
         scalers[1].unscale_(ref_opt)
@@ -173,11 +173,11 @@ def test_eager_step_trains_as_the_plain_pytorch_loop(name):
         assert scalers[0].get_scale() == scalers[1].get_scale() and int(step.skipped) == 1
         mine = list(parts.train_net.parameters())
         for (k, a), b in zip(parts.train_net.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(a, b, **tol, msg=lambda m: f"step {n}, {k}: {m}")
+            torch.testing.assert_close(a, b, **tol, msg=lambda m, n=n, k=k: f"step {n}, {k}: {m}")
         for a, b in zip(parts.train_net.buffers(), ref.buffers()):
             torch.testing.assert_close(a, b, **tol)
         for (k, a), b in zip(parts.ema.ema.state_dict().items(), ref_ema.ema.state_dict().values()):
-            torch.testing.assert_close(a, b, **tol, msg=lambda m: f"step {n}, EMA {k}: {m}")
+            torch.testing.assert_close(a, b, **tol, msg=lambda m, n=n, k=k: f"step {n}, EMA {k}: {m}")
         # the loss's top-k anchor choice turns rounding differences into different gradients within a few
         # windows: each window starts the reference from this step's state, so that every window is compared
         with torch.no_grad():
@@ -195,7 +195,8 @@ def test_eager_step_trains_as_the_plain_pytorch_loop(name):
 
 def test_half_stand_ins_compute_what_autocast_computes_on_the_parameters():
     """Convolution kernels and biases as half stand-ins (no per-step casts) against autocast casting fp32 parameters:
-    the same outputs and, after gathering, the same fp32 gradients, bit for bit; autocast casts nothing in the forward."""
+    the same outputs and, after gathering, the same fp32 gradients, bit for bit; autocast casts nothing in the
+    forward."""
     torch.manual_seed(0)
     net = nn.Sequential(
         nn.Conv2d(3, 6, 3, bias=False), nn.BatchNorm2d(6), nn.SiLU(), nn.Conv2d(6, 5, 1), nn.Conv2d(5, 4, 3, padding=1)

@@ -58,9 +58,11 @@ def show(case, p):
     h = p["headline"]
     util = "n/a" if h["utilization"] is None else f"{100 * h['utilization']:.0f}%"
     print(
-        f"\n[{case}] {p['meta']['device_name']}: verdict {p['verdict']['name']!r}; step {h['step_ms']:.2f} ms, {h['img_s']:.0f} img/s, "
+        f"\n[{case}] {p['meta']['device_name']}: verdict {p['verdict']['name']!r}; step {h['step_ms']:.2f} ms, "
+        f"{h['img_s']:.0f} img/s, "
         f"utilization {util}, {h['kernels_per_step']:.0f} kernels/step (mean {h['mean_kernel_us']:.1f} µs), data wait "
-        f"{100 * h['data_frac']:.0f}%, {h['alloc_calls_per_step']:.1f} cudaMalloc/Free per step\n  why: {p['verdict']['why']}"
+        f"{100 * h['data_frac']:.0f}%, {h['alloc_calls_per_step']:.1f} cudaMalloc/Free per step\n  why: "
+        f"{p['verdict']['why']}"
     )
 
 
@@ -130,15 +132,18 @@ def test_tiny_model_at_batch_1_is_host_launch_and_try_measures_cuda_graph(gpu_da
     assert t["lever"] == {"cuda_graph": True} and t["after"] is not None and t["speedup"] > 0
     assert load_profile(p_dir / "try")["meta"]["cuda_graph"] == "true"
     print(
-        f"  --try cuda_graph=true: {t['before']['step_ms']['mean']:.2f} -> {t['after']['step_ms']['mean']:.2f} ms/step, "
+        f"  --try cuda_graph=true: {t['before']['step_ms']['mean']:.2f} -> {t['after']['step_ms']['mean']:.2f} "
+        "ms/step, "
         f"{t['before']['img_s']['mean']:.0f} -> {t['after']['img_s']['mean']:.0f} img/s ({t['speedup']:.2f}x)"
     )
 
 
 def test_large_batch_at_640_is_compute(gpu_data_1k, tmp_path):
     workers = str(min(16, os.cpu_count() or 1))
-    # float32 (no scaler sync, the most GPU work per image), no mosaic and the RAM cache: the loader keeps up, the GPU is
-    # the limit. With 256 images (4 steps an epoch) every epoch start refilled the loader and the verdict was dataloader.
+    # float32 (no scaler sync, the most GPU work per image), no mosaic and the RAM cache: the loader keeps up, the GPU
+    # is
+    # the limit. With 256 images (4 steps an epoch) every epoch start refilled the loader and the verdict was
+    # dataloader.
     r = profile_run(
         gpu_data_1k,
         tmp_path,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -184,7 +185,8 @@ def _rank_device(spec: str, local_rank: int) -> torch.device:
     n = torch.cuda.device_count()
     if local_rank >= n:
         raise ConfigError(
-            f"LOCAL_RANK={local_rank} but this process sees only {n} GPU(s): start torchrun with --nproc_per_node={n} or fewer"
+            f"LOCAL_RANK={local_rank} but this process sees only {n} GPU(s): start torchrun with --nproc_per_node={n} "
+            "or fewer"
         )
     return torch.device(f"cuda:{local_rank}")
 

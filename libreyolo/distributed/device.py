@@ -30,7 +30,8 @@ def parse_device(spec: str) -> tuple[str, list[int]]:
     if not torch.cuda.is_available():
         raise ConfigError(
             f"device={spec}: CUDA is not available (torch {torch.__version__}"
-            f"{'' if torch.version.cuda else ', a CPU-only build'}). Use device=cpu, or device=auto to pick what exists."
+            f"{'' if torch.version.cuda else ', a CPU-only build'}). Use device=cpu, or device=auto to pick what "
+            "exists."
         )
     n = torch.cuda.device_count()
     bad = [i for i in ids if i >= n]

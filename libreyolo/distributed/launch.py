@@ -161,8 +161,7 @@ def free_port() -> int:
 # --- parent side -------------------------------------------------------------------------------------
 def _resumed_device(cfg: TrainConfig) -> str | None:
     """A resumed run trains on the devices it started on, unless device= is given again."""
-    from libreyolo.engine.checkpoint import load_checkpoint
-    from libreyolo.engine.checkpoint import resolve_resume_path
+    from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
 
     try:
         return str(load_checkpoint(resolve_resume_path(cfg)).get("train_args", {}).get("device") or "") or None

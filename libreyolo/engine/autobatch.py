@@ -110,7 +110,8 @@ def autobatch(
     b = [s[0] for s in samples]
     capped = f", capped at nbs={nbs}" if global_batch < per_device * world_size else ""
     line = (
-        f"autobatch: batch={global_batch} ({global_batch // world_size} per GPU x {world_size}) from train-step memory at "
+        f"autobatch: batch={global_batch} ({global_batch // world_size} per GPU x {world_size}) from train-step memory "
+        "at "
         f"batch {b[0]}..{b[-1]} on {torch.cuda.get_device_name(device)}: largest per-GPU batch within "
         f"{FRACTION:.0%} of {total / 2**30:.0f} GiB is {per_device}{capped}"
     )

@@ -99,7 +99,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{path} is not a libreyolo checkpoint: loading it would execute code stored in the file (Python pickle), "
-            f"which libreyolo refuses to do. Only checkpoints written by libreyolo (weights/last.pt, weights/best.pt) load. "
+            "which libreyolo refuses to do. Only checkpoints written by libreyolo (weights/last.pt, weights/best.pt) "
+            "load. "
             f"({str(e).splitlines()[0]})"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:

@@ -88,7 +88,8 @@ def build_step_parts(
     # optimizer=auto tells long runs from short ones by their optimizer steps at the nominal batch (with nbs=auto
     # a short run steps every batch: counting those would call it long sooner)
     iterations = optimizer_steps(n_train, batch, NOMINAL_BATCH if cfg.nbs == "auto" else nbs, cfg.epochs)
-    name, lr0, momentum = optim.resolve_optimizer(cfg, int(getattr(net, "nc")), iterations)
+    nc = int(getattr(net, "nc"))  # noqa: B009  (nn.Module types its attributes Tensor | Module)
+    name, lr0, momentum = optim.resolve_optimizer(cfg, nc, iterations)
     decay = cfg.weight_decay * batch * accumulate / nbs
     optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device, family.param_groups)
     ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None

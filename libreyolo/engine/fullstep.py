@@ -52,7 +52,8 @@ class FullGraphStep(GraphRunner):
             old, self.capacity = self.capacity, targets.shape[1]
             if self.graphs:
                 self.invalidate(
-                    f"a batch has more objects per image than the captured capacity {old}: capacity raised to {self.capacity}, recapturing once stable",
+                    f"a batch has more objects per image than the captured capacity {old}: capacity raised to "
+                    f"{self.capacity}, recapturing once stable",
                     tuple(img.shape),
                 )
         return (*img.shape, self.capacity)

@@ -138,7 +138,8 @@ class GraphRunner:
                 torch.cuda.synchronize(self.device)
         except Exception as e:
             self._fallback(
-                f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); training eager from here on",
+                f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); training eager from "
+                "here on",
                 key,
             )
             return None

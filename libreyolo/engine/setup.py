@@ -183,7 +183,8 @@ def _scan(data: DataConfig, split: str, nc: int, notes: list[str]) -> LabelSet:
         notes.append(f"{split}: skipped {f}: {why}")
     if not len(ls):
         raise DataError(
-            f"{data.yaml_path}: {split}: none of the {len(images)} images is usable ({len(ls.skipped)} skipped; first: {ls.skipped[0][1]})"
+            f"{data.yaml_path}: {split}: none of the {len(images)} images is usable ({len(ls.skipped)} skipped; first: "
+            f"{ls.skipped[0][1]})"
         )
     return ls
 
@@ -211,7 +212,8 @@ def build_setup(trainer: Any) -> TrainSetup:
     net = model.prepare_for_training(data.names, fresh=ckpt is None)
     family = model.family
 
-    # `batch` is the global batch: accumulation, weight decay and the loss scale follow it; loaders use the per-rank share
+    # `batch` is the global batch: accumulation, weight decay and the loss scale follow it; loaders use the per-rank
+    # share
     probe = lambda: autobatch.probe_model(family, model.size, data.nc, cfg, device)  # noqa: E731
     batch = cfg.batch = autobatch.resolve_global_batch(cfg, device, dist, probe, amp.autocast_dtype, notes)
     batch_per_rank = distributed.split_batch(batch, dist.world_size)

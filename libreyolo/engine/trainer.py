@@ -321,7 +321,8 @@ class Trainer:
                     scale=s.scale_value(),
                     skipped_steps=skipped,
                     epoch=epoch,
-                    reason=f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, loss scale {s.scale_value():g}",
+                    reason=f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, "
+                    f"loss scale {s.scale_value():g}",
                 )
             )
         if s.device.type == "cuda":

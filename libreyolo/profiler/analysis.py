@@ -9,8 +9,9 @@ from __future__ import annotations
 import bisect
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from libreyolo.engine.step import PHASES
 from libreyolo.profiler.window import ANNOTATION

@@ -111,7 +111,8 @@ def render_timeline(data: dict[str, Any]) -> str:
     ):
         if marker not in html:
             raise RuntimeError(
-                f"libreyolo/profiler/timeline.html lacks the {marker} marker; the package data is damaged, reinstall libreyolo"
+                f"libreyolo/profiler/timeline.html lacks the {marker} marker; the package data is damaged, reinstall "
+                "libreyolo"
             )
         html = html.replace(marker, text, 1)
     return html

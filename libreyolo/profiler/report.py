@@ -40,7 +40,8 @@ def _table(title: str, columns: list[str]) -> Table:
 def headline_table(p: dict[str, Any]) -> Table:
     h, m, w = p["headline"], p["meta"], p["window"]
     t = _table(
-        f"{m['model']} on {m['device_name']} · batch {m['batch']} · {m['imgsz']} px · amp {m['amp_dtype'] if m['amp'] else 'off'} · "
+        f"{m['model']} on {m['device_name']} · batch {m['batch']} · {m['imgsz']} px · amp "
+        f"{m['amp_dtype'] if m['amp'] else 'off'} · "
         f"workers {m['workers']} · {w['unsync_steps']}+{w['sync_steps']} steps after {w['warmup_steps']} warmup",
         ["figure", "value"],
     )

@@ -183,7 +183,8 @@ def load_profile(path: str | os.PathLike) -> dict[str, Any]:
         p = p / "profile.json"
     if not p.is_file():
         raise ProfileFileError(
-            f"{p} does not exist; pass a profile.json written by `libreyolo profile run` or train profile=true (or its run folder)"
+            f"{p} does not exist; pass a profile.json written by `libreyolo profile run` or train profile=true (or its "
+            "run folder)"
         )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))

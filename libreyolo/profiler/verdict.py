@@ -85,7 +85,8 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         parts = []
         if churn >= MALLOC_PER_STEP:
             parts.append(
-                f"the CUDA allocator made {churn:.1f} cudaMalloc/cudaFree calls per step (threshold {MALLOC_PER_STEP:g})"
+                f"the CUDA allocator made {churn:.1f} cudaMalloc/cudaFree calls per step (threshold "
+                f"{MALLOC_PER_STEP:g})"
             )
         if retries > 0:
             parts.append(f"{retries} allocation(s) failed and were retried after freeing the cache")
@@ -119,7 +120,8 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         )
         return Verdict(
             DATALOADER,
-            f"the step waited on the data loader {_pct(h['data_frac'])} of its time ({data:.1f} of {step:.1f} ms per step, "
+            f"the step waited on the data loader {_pct(h['data_frac'])} of its time ({data:.1f} of {step:.1f} ms per "
+            "step, "
             f"threshold {_pct(DATA_FRAC)}, workers={workers}): the model cannot train faster than batches arrive.",
             [
                 first,
@@ -147,7 +149,8 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
             "the trace holds no GPU kernel records, so GPU busy time is unknown; no verdict rather than a false one "
             f"(data wait {_pct(h['data_frac'])} of a {step:.1f} ms step).",
             [
-                "check that CUPTI can attach: no other profiler (nsys, ncu) running, and profiling allowed for this user "
+                "check that CUPTI can attach: no other profiler (nsys, ncu) running, and profiling allowed for this "
+                "user "
                 "(NVreg_RestrictProfilingToAdminUsers=0)"
             ],
             None,
@@ -177,7 +180,8 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         levers.insert(0, "cuda_graph=true: one graph replay per step instead of launching every kernel")
     return Verdict(
         HOST,
-        f"the GPU ran kernels only {_pct(util)} of the step (threshold {_pct(UTILIZATION)}) and the loader is not the cause "
+        f"the GPU ran kernels only {_pct(util)} of the step (threshold {_pct(UTILIZATION)}) and the loader is not the "
+        "cause "
         f"(data wait {_pct(h['data_frac'])}): {kernels}; the host cannot launch work fast enough to keep the GPU fed."
         + _prefetch_caveat(h, meta),
         levers,

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -42,7 +43,7 @@ class Plan:
     sync: int
 
     @classmethod
-    def from_config(cls, warmup: int, steps: int) -> "Plan":
+    def from_config(cls, warmup: int, steps: int) -> Plan:
         first = math.ceil(steps / 2)
         return cls(warmup, first, max(steps - first, 1))
 
@@ -62,10 +63,10 @@ class _Phase:
 
     __slots__ = ("w", "name", "t0", "rf")
 
-    def __init__(self, window: "Window", name: str):
+    def __init__(self, window: Window, name: str):
         self.w, self.name, self.rf = window, name, None
 
-    def __enter__(self) -> "_Phase":
+    def __enter__(self) -> _Phase:
         w = self.w
         if self.name == "data":
             w.begin_step()
@@ -103,7 +104,7 @@ _NULL = _NullPhase()
 class Recorder:
     """What `trainer.phases` is during the measured halves."""
 
-    def __init__(self, window: "Window"):
+    def __init__(self, window: Window):
         self.window = window
 
     def __call__(self, name: str) -> Any:
@@ -117,7 +118,7 @@ class Recorder:
 class Window:
     """Attached by `libreyolo.profiler.attach`; drives itself from `trainer.after_step`."""
 
-    def __init__(self, trainer: Any, plan: Plan, on_done: Callable[["Window"], None]):
+    def __init__(self, trainer: Any, plan: Plan, on_done: Callable[[Window], None]):
         self.trainer, self.plan, self.on_done = trainer, plan, on_done
         s = trainer.s
         self.device: torch.device = s.device
@@ -279,7 +280,8 @@ class Window:
         self.trainer.emit(
             ev.WarningEvent(
                 f"profile: training ended after {self.seen} step(s), in the {state} part of the window "
-                f"(needs at least {needed}: profile_warmup={self.plan.warmup}, profile_steps={self.plan.unsync + self.plan.sync}); "
+                f"(needs at least {needed}: profile_warmup={self.plan.warmup}, "
+                f"profile_steps={self.plan.unsync + self.plan.sync}); "
                 "no report written. Train for more steps or lower profile_warmup / profile_steps.",
                 code="profile",
             )
