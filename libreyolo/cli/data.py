@@ -40,7 +40,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
     from libreyolo.data.cache import estimate_bytes, fmt_bytes, open_image_cache
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.decode import decode_all
-    from libreyolo.data.labels import cache_path_for, scan_labels
+    from libreyolo.data.labels import cache_path_for, no_boxes_message, scan_labels, scan_notes
 
     if cache not in (False, "disk"):
         raise ConfigError(
@@ -48,6 +48,8 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         )
     out, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
     dc = load_data_config(data)
+    for note in dc.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}")
     table = Table(title=f"{dc.yaml_path} at imgsz {imgsz}")
     for col in ("split", "images", "usable", "bad", "background", "boxes", "decoded", "disk cache"):
         table.add_column(col, justify="left" if col in ("split", "disk cache") else "right")
@@ -63,7 +65,10 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
             continue
         ls = scan_labels(images, dc.nc, threads=threads or 8)
         bad = list(ls.skipped)
-        notes: list[str] = []
+        notes = scan_notes(ls, split, skipped=False)  # skipped images are listed below as bad
+        empty = no_boxes_message(ls, split, dc.yaml_path)
+        if empty:
+            notes.append(empty + (" Training refuses it unless allow_empty=true." if split == "train" else ""))
         size = estimate_bytes(ls.shapes, imgsz)
         if cache:
             src = open_image_cache("disk", ls, imgsz, split, notes, threads=threads, note_bad=False)
