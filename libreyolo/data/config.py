@@ -114,7 +114,8 @@ def _sources(value: Any, root: Path, path: Path, key: str, notes: list[str]) -> 
             continue
         p = root / p
         # Roboflow's export writes `train: ../train/images` beside a yaml in the dataset's root: as Ultralytics
-        # does, a path that does not exist as written is tried without its leading ../ (from the yaml's folder)
+        # does, a path that does not exist as written is tried without its leading ../ (from path:, then from the
+        # yaml's folder)
         bare = text.replace("\\", "/")
         tried = [p]
         if not p.exists() and bare.startswith("../"):
