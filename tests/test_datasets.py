@@ -261,3 +261,14 @@ def test_a_bad_label_line_drops_only_that_line(tmp_path):
         assert "class 5 is out of range 0..1" in ls.bad_lines[0][1]
     notes = scan_notes(ls, "train")
     assert f"train: dropped label line {lab / '0.txt'}:3: expected 5 values" in "\n".join(notes)
+
+
+def test_data_prepare_counts_dropped_label_lines(tmp_path, capsys):
+    from libreyolo.cli.data import prepare
+
+    y = _detect_split(tmp_path / "ds")
+    (tmp_path / "ds" / "labels" / "train" / "0.txt").write_text("0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2\n")
+    prepare(str(y), imgsz=64)
+    out = capsys.readouterr()
+    assert "dropped label line" in out.err and "every image and label is usable" not in out.out
+    assert "2 bad label line(s)" in out.out  # one per split: train and val read the same folder

@@ -53,7 +53,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
     table = Table(title=f"{dc.yaml_path} at imgsz {imgsz}")
     for col in ("split", "images", "usable", "bad", "background", "boxes", "decoded", "disk cache"):
         table.add_column(col, justify="left" if col in ("split", "disk cache") else "right")
-    n_bad = 0
+    n_bad = n_lines = 0
     for split in ("train", "val", "test"):
         sources = getattr(dc, split)
         if not sources:
@@ -90,6 +90,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         for f, why in bad:
             err.print(f"[red]bad[/] {escape(f)}: {escape(why)}")
         n_bad += len(bad)
+        n_lines += len(ls.bad_lines)
         boxes = sum(len(x) for x in ls.labels)
         table.add_row(
             split,
@@ -103,7 +104,11 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         )
         out.print(f"{split}: label cache {escape(str(cache_path_for(images)))}")
     out.print(table)
-    out.print(f"{n_bad} bad file(s); they are skipped in training." if n_bad else "every image and label is usable.")
+    lines = f"{n_lines} bad label line(s) (warnings above) are dropped; the rest of their files is used."
+    if n_bad:
+        out.print(f"{n_bad} bad file(s); they are skipped in training." + (f" {lines}" if n_lines else ""))
+    else:
+        out.print(lines if n_lines else "every image and label is usable.")
     return 0
 
 
