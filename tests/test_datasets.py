@@ -224,7 +224,12 @@ def test_repeated_entries_of_a_txt_list_are_kept(tmp_path):
     y.write_text("train: train.txt\nval: images/train\nnames: [a, b]\n")
     files = list_images(load_data_config(y).train)
     assert [f.name for f in files] == ["0.jpg", "0.jpg", "1.jpg"]
-    assert len(scan_labels(files, 2)) == 3
+    ls = scan_labels(files, 2)
+    assert len(ls) == 3
+    from libreyolo.data.diskcache import open_disk_cache
+
+    disk = open_disk_cache([str(f) for f in ls.files], ls.shapes, ls.stamps, 64, "t", lambda n, f: None, progress=False)
+    assert (disk.written, disk.reused) == (2, 0) and np.array_equal(disk.get(0), disk.get(1))  # one entry, shared
 
 
 def test_a_truncated_jpeg_is_skipped_at_the_scan_and_by_data_prepare(tmp_path, capsys):
