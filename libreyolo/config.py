@@ -63,6 +63,12 @@ class TrainConfig:
         "cache decoded images: ram, disk, auto (ram if it fits, else none) or false",
         "run",
     )
+    allow_empty: bool = opt(
+        False,
+        K.boolean,
+        "train even if no training image has a box (labels folder missing or misnamed); refused otherwise",
+        "run",
+    )
     # optimisation
     optimizer: str = opt(
         "auto",

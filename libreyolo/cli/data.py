@@ -40,7 +40,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
     from libreyolo.data.cache import estimate_bytes, fmt_bytes, open_image_cache
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.decode import decode_all
-    from libreyolo.data.labels import cache_path_for, scan_labels
+    from libreyolo.data.labels import cache_path_for, no_boxes_message, scan_labels, scan_notes
 
     if cache not in (False, "disk"):
         raise ConfigError(
@@ -48,10 +48,12 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         )
     out, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
     dc = load_data_config(data)
+    for note in dc.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}")
     table = Table(title=f"{dc.yaml_path} at imgsz {imgsz}")
     for col in ("split", "images", "usable", "bad", "background", "boxes", "decoded", "disk cache"):
         table.add_column(col, justify="left" if col in ("split", "disk cache") else "right")
-    n_bad = 0
+    n_bad = n_lines = 0
     for split in ("train", "val", "test"):
         sources = getattr(dc, split)
         if not sources:
@@ -63,7 +65,10 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
             continue
         ls = scan_labels(images, dc.nc, threads=threads or 8)
         bad = list(ls.skipped)
-        notes: list[str] = []
+        notes = scan_notes(ls, split, skipped=False)  # skipped images are listed below as bad
+        empty = no_boxes_message(ls, split, dc.yaml_path)
+        if empty:
+            notes.append(empty + (" Training refuses it unless allow_empty=true." if split == "train" else ""))
         size = estimate_bytes(ls.shapes, imgsz)
         if cache:
             src = open_image_cache("disk", ls, imgsz, split, notes, threads=threads, note_bad=False)
@@ -85,6 +90,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         for f, why in bad:
             err.print(f"[red]bad[/] {escape(f)}: {escape(why)}")
         n_bad += len(bad)
+        n_lines += len(ls.bad_lines)
         boxes = sum(len(x) for x in ls.labels)
         table.add_row(
             split,
@@ -98,7 +104,11 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
         )
         out.print(f"{split}: label cache {escape(str(cache_path_for(images)))}")
     out.print(table)
-    out.print(f"{n_bad} bad file(s); they are skipped in training." if n_bad else "every image and label is usable.")
+    lines = f"{n_lines} bad label line(s) (warnings above) are dropped; the rest of their files is used."
+    if n_bad:
+        out.print(f"{n_bad} bad file(s); they are skipped in training." + (f" {lines}" if n_lines else ""))
+    else:
+        out.print(lines if n_lines else "every image and label is usable.")
     return 0
 
 

@@ -25,6 +25,7 @@ class DataConfig:
     test: list[Path] = field(default_factory=list)
     # training defaults a built-in dataset suggests (applied only to keys the user did not set)
     suggested: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # how the yaml was read, where that is worth a line
 
     @property
     def nc(self) -> int:
@@ -60,19 +61,18 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
         # relative `path` is relative to the yaml's folder (then to the working directory, as Ultralytics does)
         root = (path.parent / root) if (path.parent / root).exists() else root.resolve()
     names = _names(raw, path)
+    if not raw.get("val") and raw.get("validation"):  # some exporters write `validation:`
+        raw["val"] = raw["validation"]
     for key in ("train", "val"):
         if not raw.get(key):
+            alias = " (nor its alias 'validation')" if key == "val" else ""
             raise DataError(
-                f"{path}: key {key!r} is missing; it names a folder of images, a .txt list of images, or a list of either"
+                f"{path}: key {key!r} is missing{alias}; it names a folder of images, a .txt list of images, "
+                "or a list of either"
             )
-    return DataConfig(
-        yaml_path=path,
-        root=root,
-        names=names,
-        train=_sources(raw["train"], root, path, "train"),
-        val=_sources(raw["val"], root, path, "val"),
-        test=_sources(raw["test"], root, path, "test") if raw.get("test") else [],
-    )
+    notes: list[str] = []
+    splits = {k: _sources(raw[k], root, path, k, notes) if raw.get(k) else [] for k in ("train", "val", "test")}
+    return DataConfig(yaml_path=path, root=root, names=names, notes=notes, **splits)
 
 
 def _names(raw: dict, path: Path) -> list[str]:
@@ -101,20 +101,42 @@ def _names(raw: dict, path: Path) -> list[str]:
     return names
 
 
-def _sources(value: Any, root: Path, path: Path, key: str) -> list[Path]:
+def _sources(value: Any, root: Path, path: Path, key: str, notes: list[str]) -> list[Path]:
     items = value if isinstance(value, list) else [value]
     out = []
     for item in items:
-        p = Path(str(item)).expanduser()
-        p = p if p.is_absolute() else root / p
+        text = str(item)
+        p = Path(text).expanduser()
+        if p.is_absolute():
+            if not p.exists():
+                raise DataError(f"{path}: {key}: {p} does not exist")
+            out.append(p)
+            continue
+        p = root / p
+        # Roboflow's export writes `train: ../train/images` beside a yaml in the dataset's root: as Ultralytics
+        # does, a path that does not exist as written is tried without its leading ../ (from path:, then from the
+        # yaml's folder)
+        bare = text.replace("\\", "/")
+        tried = [p]
+        if not p.exists() and bare.startswith("../"):
+            for alt in dict.fromkeys((root / bare[3:], path.parent / bare[3:])):
+                tried.append(alt)
+                if alt.exists():
+                    notes.append(f"{path}: {key}: {text} does not exist; using {alt.resolve()} (without the ../)")
+                    p = alt
+                    break
         if not p.exists():
-            raise DataError(f"{path}: {key}: {p} does not exist (paths are relative to 'path': {root})")
+            raise DataError(
+                f"{path}: {key}: {text} does not exist (tried {' and '.join(map(str, tried))}; relative paths are "
+                f"relative to 'path', here {root})"
+            )
         out.append(p)
     return out
 
 
 def list_images(sources: list[Path]) -> list[Path]:
-    """Image files of folders (recursive) and .txt lists, sorted for a stable order."""
+    """Image files of folders (recursive) and .txt lists, sorted for a stable order. A path listed twice in .txt
+    lists (or two sources holding the same file) stays twice: oversampling, as in Ultralytics."""
     files: list[Path] = []
     for src in sources:
         if src.is_dir():
@@ -128,7 +150,7 @@ def list_images(sources: list[Path]) -> list[Path]:
                     files.append(p if p.is_absolute() else (base / p))
         elif src.suffix.lower() in IMG_EXTS:
             files.append(src)
-    return sorted(set(files))
+    return sorted(files)
 
 
 def label_path(image: Path) -> Path:

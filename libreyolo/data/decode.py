@@ -3,7 +3,11 @@
 Every path (no cache, the RAM cache, the disk cache) calls `load_resized`, so a batch is byte-identical
 whichever mode is used. OpenCV is the decoder: on the shapes JPEGs it matched torchvision.io and beat PIL
 (docs/data-pipeline.md), and for a JPEG at least twice as large as needed it decodes at 1/2, 1/4 or 1/8
-scale inside libjpeg (IMREAD_REDUCED_*), which skips most of the inverse DCT work."""
+scale inside libjpeg (IMREAD_REDUCED_*), which skips most of the inverse DCT work.
+
+OpenCV applies the EXIF orientation (JPEG, PNG, WebP) as Pillow's `ImageOps.exif_transpose` does, so a phone photo
+decodes as displayed; the label scan records that displayed size (labels.displayed_size), and the validator places
+ground truth with it."""
 
 from __future__ import annotations
 

@@ -111,8 +111,12 @@ def _open(
 ) -> DiskCache | str:
     entries = [entry_path(Path(f), imgsz) for f in files]
     cache = DiskCache(entries, imgsz)
-    stale = [i for i, (e, m) in enumerate(zip(entries, src_mtime)) if m is None or _mtime_ns(e) != m]
-    cache.reused = len(files) - len(stale)
+    stale, seen = [], set()  # an image listed twice (oversampling) is one entry, decoded once
+    for i, (e, m) in enumerate(zip(entries, src_mtime)):
+        if e not in seen and (m is None or _mtime_ns(e) != m):
+            stale.append(i)
+        seen.add(e)
+    cache.reused = len(seen) - len(stale)
     if not stale:
         return cache
     need = sum(slot_bytes(shapes[i], imgsz) + 128 for i in stale)

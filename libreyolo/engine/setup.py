@@ -17,7 +17,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.data.cache import open_image_cache
 from libreyolo.data.config import DataConfig, list_images, load_data_config
 from libreyolo.data.dataset import AugmentConfig, YOLODataset
-from libreyolo.data.labels import LabelSet, scan_labels
+from libreyolo.data.labels import LabelSet, no_boxes_message, scan_labels, scan_notes
 from libreyolo.data.loader import (
     TrainBatchSampler,
     ValLoader,
@@ -173,19 +173,25 @@ def _resume_config(trainer: Any) -> dict[str, Any]:
     return ckpt
 
 
-def _scan(data: DataConfig, split: str, nc: int, notes: list[str]) -> LabelSet:
+def _scan(data: DataConfig, split: str, nc: int, notes: list[str], allow_empty: bool = False) -> LabelSet:
     sources = getattr(data, split)
     images = list_images(sources)
     if not images:
         raise DataError(f"{data.yaml_path}: {split}: no images found in {', '.join(map(str, sources))}")
     ls = scan_labels(images, nc)
-    for f, why in ls.skipped:
-        notes.append(f"{split}: skipped {f}: {why}")
+    notes += scan_notes(ls, split)
     if not len(ls):
         raise DataError(
             f"{data.yaml_path}: {split}: none of the {len(images)} images is usable ({len(ls.skipped)} skipped; first: "
             f"{ls.skipped[0][1]})"
         )
+    empty = no_boxes_message(ls, split, data.yaml_path)
+    if empty and split == "train" and not allow_empty:
+        raise DataError(
+            f"{empty} Training would learn nothing; if only background images are intended, set allow_empty=true."
+        )
+    if empty:
+        notes.append(f"{empty} {'Validation mAP will be 0.' if split == 'val' else ''}".strip())
     return ls
 
 
@@ -203,7 +209,9 @@ def build_setup(trainer: Any) -> TrainSetup:
 
     with dist.main_first():  # rank 0 generates the built-in dataset and writes label caches; the others reuse them
         data = load_data_config(cfg.data)
-        train_ls, val_ls = _scan(data, "train", data.nc, notes), _scan(data, "val", data.nc, notes)
+        notes += data.notes
+        train_ls = _scan(data, "train", data.nc, notes, cfg.allow_empty)
+        val_ls = _scan(data, "val", data.nc, notes)
     if ckpt is None:
         cfg.fill_unset(data.suggested, trainer.user_keys)
     seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below

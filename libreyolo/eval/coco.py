@@ -89,6 +89,9 @@ class CocoAccumulator:
         zero = {"map50": 0.0, "map": 0.0, "precision": 0.0, "recall": 0.0}
         ids, images, gt = self._images_and_gt()
         dt = np.concatenate(self._dt) if self._dt else np.zeros((0, 7))
+        # ground truth crossing an image's edge is clipped to it exactly as the detections are: a perfect
+        # prediction of such an object then matches it at IoU 1
+        gt, dt = clip_to_images(gt, images), clip_to_images(dt, images)
         if not len(gt) or not len(dt):
             return zero
         nc = len(self.names)
@@ -122,6 +125,20 @@ class CocoAccumulator:
             rows, all_sizes = self._all_gt
             sizes, gt = all_sizes[ids].reshape(-1, 2), rows[np.isin(rows[:, 0], ids)]
         return ids, np.column_stack([ids, sizes]), gt
+
+
+def clip_to_images(rows: np.ndarray, images: np.ndarray) -> np.ndarray:
+    """rows (n, 6+) image id, class, x1, y1, x2, y2, ... -> a copy with the boxes clipped to their image, given
+    images (I, 3) id, height, width."""
+    if not len(rows):
+        return rows
+    order = np.argsort(images[:, 0], kind="stable")
+    k = order[np.searchsorted(images[order, 0], rows[:, 0])]
+    h, w = images[k, 1], images[k, 2]
+    out = rows.copy()
+    for col, hi in ((2, w), (3, h), (4, w), (5, h)):
+        out[:, col] = np.clip(out[:, col], 0.0, hi)
+    return out
 
 
 def _only(images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray) -> tuple[np.ndarray, ...]:
