@@ -6,7 +6,7 @@ Every random draw comes from the numpy Generator passed in, so a sample is a pur
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import cv2
 import numpy as np

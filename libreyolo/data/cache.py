@@ -71,7 +71,10 @@ def disk_refusal(need: int, folder: Path) -> str | None:
     du = shutil.disk_usage(root)
     reserve = max(GiB, du.total // 20)
     if need + reserve > du.free:
-        return f"it needs {fmt_bytes(need)} more but {root} has {fmt_bytes(du.free)} free ({fmt_bytes(reserve)} must stay free)"
+        return (
+            f"it needs {fmt_bytes(need)} more but {root} has {fmt_bytes(du.free)} free "
+            f"({fmt_bytes(reserve)} must stay free)"
+        )
     return None
 
 
@@ -122,7 +125,8 @@ def open_image_cache(
         )
         if isinstance(got, str) and mode == "auto":
             notes.append(
-                f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache (cache=disk caches on disk)."
+                f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache "
+                "(cache=disk caches on disk)."
             )
             return None
         if isinstance(got, str):
@@ -142,10 +146,12 @@ def open_image_cache(
         if got.write_errors:
             f, err = got.write_errors[0]
             notes.append(
-                f"cache=disk: {len(got.write_errors)} {split} entries could not be written (first: {f}: {err}); those images are decoded each time"
+                f"cache=disk: {len(got.write_errors)} {split} entries could not be written (first: {f}: {err}); those "
+                "images are decoded each time"
             )
     for f, why in source.bad if note_bad else []:
         notes.append(
-            f"{split}: {f} could not be decoded while caching ({why}); it is skipped (replaced by its neighbour) when met"
+            f"{split}: {f} could not be decoded while caching ({why}); it is skipped (replaced by its neighbour) when "
+            "met"
         )
     return source

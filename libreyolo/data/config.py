@@ -47,7 +47,8 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     path = Path(s).expanduser()
     if not path.is_file():
         raise DataError(
-            f"dataset yaml {path} does not exist. Pass data=PATH/TO/dataset.yaml, or data=shapes for the built-in dataset."
+            f"dataset yaml {path} does not exist. Pass data=PATH/TO/dataset.yaml, or data=shapes for the built-in "
+            "dataset."
         )
     try:
         with open(path, encoding="utf-8") as f:

@@ -28,7 +28,7 @@ class AugmentConfig:
     hsv_v: float = 0.4
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "AugmentConfig":
+    def from_config(cls, cfg: Any) -> AugmentConfig:
         return cls(**{k: getattr(cfg, k) for k in cls.__dataclass_fields__})
 
 
@@ -152,7 +152,8 @@ def capacity(n: int, minimum: int = 4) -> int:
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """-> img (B, H, W, 3) uint8, targets (B, M, 5) float32, mask (B, M) bool, index (B,), and for validation
-    scale (B,), pad (B, 2) x, y and shape (B, 2) original height, width (float32): letterboxed = original * scale + pad."""
+    scale (B,), pad (B, 2) x, y and shape (B, 2) original height, width (float32): letterboxed = original * scale
+    + pad."""
     bad = [p for s in samples for p in s["bad"]]
     samples = [s for s in samples if s["img"] is not None]
     B = len(samples)

@@ -11,8 +11,8 @@ ground truth with it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import cv2
 import numpy as np

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import cv2
 import torch
@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from libreyolo.data.cpus import cpu_count
 from libreyolo.data.dataset import YOLODataset, collate
-
 
 # Beyond this, more workers per GPU add memory (each is a process with its own copy-on-write heap and
 # queued batches) faster than images/s; measure with `libreyolo bench loader` before raising workers=.

@@ -19,8 +19,8 @@ import os
 import struct
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -183,18 +183,13 @@ def _build(
         index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
         index[:, 0] = offsets
 
-        def store(i: int, img: np.ndarray) -> None:
-            if img.nbytes > slots[i]:
-                return  # unexpected shape: left uncached, so this sample is decoded per access (same bytes)
-            o = offsets[i]
-            data[o : o + img.nbytes] = img.reshape(-1)
-            index[i, 1:] = (img.shape[0], img.shape[1], 1)
+        store = _writer(data, index, offsets, slots)
 
         long_sides = [max(s) for s in shapes]
         bad = decode_all(files, long_sides, imgsz, store, f"{desc} -> RAM", threads, progress)
         _FOOTER.pack_into(mm, total - _FOOTER.size, MAGIC, n, idx_off)
         mm.flush()
-        del data, index
+        del store, data, index  # views pin the mapping: close() fails while one exists
         mm.close()
         os.replace(tmp, path)
     finally:
@@ -218,9 +213,25 @@ def _sweep_orphans(folder: Path, keep: str, notes: list[str]) -> None:
                 size = f.stat().st_size
                 f.unlink()
                 notes.append(
-                    f"removed {f} ({size / 1e9:.2f} GB), a RAM cache no running process uses (left by a run that did not finish)"
+                    f"removed {f} ({size / 1e9:.2f} GB), a RAM cache no running process uses (left by a run that did "
+                    "not finish)"
                 )
         except OSError:
             pass  # another user's file, or already gone
         finally:
             lock.release()
+
+
+def _writer(
+    data: np.ndarray, index: np.ndarray, offsets: np.ndarray, slots: np.ndarray
+) -> Callable[[int, np.ndarray], None]:
+    """store(i, img) into the mapped cache: the image's bytes at its offset, its shape in the index."""
+
+    def store(i: int, img: np.ndarray) -> None:
+        if img.nbytes > slots[i]:
+            return  # unexpected shape: left uncached, so this sample is decoded per access (same bytes)
+        o = offsets[i]
+        data[o : o + img.nbytes] = img.reshape(-1)
+        index[i, 1:] = (img.shape[0], img.shape[1], 1)
+
+    return store

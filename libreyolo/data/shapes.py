@@ -57,7 +57,8 @@ def make_shapes(out: str | os.PathLike, n_train: int, n_val: int, size: int, see
             )
     names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES))
     (tmp / "data.yaml").write_text(
-        f"# libreyolo built-in synthetic dataset (v{VERSION})\npath: .\ntrain: images/train\nval: images/val\nnames:\n{names}"
+        f"# libreyolo built-in synthetic dataset (v{VERSION})\npath: .\ntrain: images/train\nval: "
+        f"images/val\nnames:\n{names}"
     )
     if out.exists():  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
