@@ -56,6 +56,12 @@ class TrainConfig:
         100, K.nonneg(K.integer), "stop after this many epochs without a better fitness (0: never)", "run"
     )
     val: bool = opt(True, K.boolean, "validate after every epoch", "run")
+    tensorboard: bool = opt(
+        False,
+        K.boolean,
+        'write TensorBoard scalars (losses, metrics, LR, img/s, GPU memory) to <run dir>/tensorboard; needs pip install "libreyolo[tensorboard]"',
+        "run",
+    )
     save_period: int = opt(-1, K.integer, "also save weights/epochN.pt every N epochs (-1: never)", "run")
     cache: bool | str = opt(
         False,
