@@ -59,7 +59,7 @@ class TrainConfig:
     tensorboard: bool = opt(
         False,
         K.boolean,
-        'write TensorBoard scalars (losses, metrics, LR, img/s, GPU memory) to <run dir>/tensorboard; needs pip install "libreyolo[tensorboard]"',
+        'write TensorBoard scalars (losses, metrics, LR, img/s, GPU memory) to run_dir/tensorboard/; needs pip install "libreyolo[tensorboard]"',
         "run",
     )
     save_period: int = opt(-1, K.integer, "also save weights/epochN.pt every N epochs (-1: never)", "run")

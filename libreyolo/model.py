@@ -40,6 +40,9 @@ class LibreYOLO:
                 raise CheckpointError(f"{path} does not exist.{hint} nothing is downloaded, ever.")
             self.load_record(load_checkpoint(path))
             return
+        if stem_match is None and path.is_file():  # a checkpoint under another name (.pth), or a file that is not one
+            self.load_record(load_checkpoint(path))
+            return
         if stem_match is None:
             raise ConfigError(
                 f"model={self.source!r} is neither a known model name ({', '.join(model_names())}) nor a .pt file"

@@ -113,9 +113,9 @@ def test_a_text_or_yaml_file_is_not_a_checkpoint_and_no_word_of_pickles(tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{name} is not a libreyolo checkpoint" in err and "pickle" not in err
-    if name.endswith(".pt"):
-        with pytest.raises(CheckpointError, match=r"notes.pt is not a libreyolo checkpoint: it is not a PyTorch file"):
-            LibreYOLO(f)
+    with pytest.raises(CheckpointError, match=rf"{name} is not a libreyolo checkpoint: it is not a PyTorch file"):
+        LibreYOLO(f)
+    assert LibreYOLO(LibreYOLO("LibreYOLO9t", nc=2).save(tmp_path / "w.pth")).nc == 2  # any name loads a checkpoint
 
 
 def test_batched_heads_loss_equals_separate_calls():
