@@ -59,7 +59,8 @@ class TrainConfig:
     tensorboard: bool = opt(
         False,
         K.boolean,
-        'write TensorBoard scalars (losses, metrics, LR, img/s, GPU memory) to run_dir/tensorboard/; needs pip install "libreyolo[tensorboard]"',
+        "write TensorBoard scalars (losses, metrics, LR, img/s, GPU memory) to run_dir/tensorboard/; "
+        'needs pip install "libreyolo[tensorboard]"',
         "run",
     )
     save_period: int = opt(-1, K.integer, "also save weights/epochN.pt every N epochs (-1: never)", "run")
@@ -140,7 +141,8 @@ class TrainConfig:
     multi_label: bool | str = opt(
         "auto",
         K.bool_or("auto"),
-        "NMS keeps every class above conf for a box (true) or only its best class (false); auto, as Ultralytics: true in validation (mAP), false in predict",
+        "NMS keeps every class above conf for a box (true) or only its best class (false); "
+        "auto, as Ultralytics: true in validation (mAP), false in predict",
         "val",
     )
     # Python only
