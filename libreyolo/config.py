@@ -56,6 +56,13 @@ class TrainConfig:
         100, K.nonneg(K.integer), "stop after this many epochs without a better fitness (0: never)", "run"
     )
     val: bool = opt(True, K.boolean, "validate after every epoch", "run")
+    tensorboard: bool = opt(
+        False,
+        K.boolean,
+        "write TensorBoard scalars (losses, metrics, LR, img/s, GPU memory) to run_dir/tensorboard/; "
+        'needs pip install "libreyolo[tensorboard]"',
+        "run",
+    )
     save_period: int = opt(-1, K.integer, "also save weights/epochN.pt every N epochs (-1: never)", "run")
     cache: bool | str = opt(
         False,
@@ -134,9 +141,16 @@ class TrainConfig:
     profile_warmup: int = opt(5, K.nonneg(K.integer), "steps discarded before the profiled window", "profile")
     profile_steps: int = opt(20, K.positive(K.integer), "steps in the profiled window", "profile")
     # validation / prediction
-    conf: float = opt(0.001, K.nonneg(K.number), "confidence threshold (0.001 for val, use 0.25 for predict)", "val")
-    iou: float = opt(0.7, K.positive(K.number), "NMS IoU threshold", "val")
+    conf: float = opt(0.001, K.fraction, "confidence threshold, 0..1 (0.001 for val, use 0.25 for predict)", "val")
+    iou: float = opt(0.7, K.fraction, "NMS IoU threshold, 0..1", "val")
     max_det: int = opt(300, K.positive(K.integer), "maximum detections per image", "val")
+    multi_label: bool | str = opt(
+        "auto",
+        K.bool_or("auto"),
+        "NMS keeps every class above conf for a box (true) or only its best class (false); "
+        "auto, as Ultralytics: true in validation (mAP), false in predict",
+        "val",
+    )
     # Python only
     callbacks: list = field(
         default_factory=list,
@@ -252,7 +266,13 @@ def _families() -> list[Family]:
     return list(families().values())
 
 
-def unknown_key_message(key: str, valid: list[str]) -> str:
+def unknown_key_message(key: str, valid: list[str], command: str = "train") -> str:
+    """Names the key, the nearest valid ones, and the --help of the command that was run."""
     near = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(near)}?" if near else ""
-    return f"unknown key {key!r}.{hint} See `libreyolo train --help` for every key."
+    return f"unknown key {key!r}.{hint} See `libreyolo {command} --help` for every key."
+
+
+def resolve_multi_label(value: bool | str, mode: str) -> bool:
+    """The multi_label key for `mode` ("val" or "predict"): auto is true in validation and false in predict."""
+    return mode == "val" if value == "auto" else bool(value)

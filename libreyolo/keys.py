@@ -128,6 +128,14 @@ def nonneg(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return p
 
 
+def fraction(v: Any) -> float:
+    """A number in 0..1 (a confidence or an IoU threshold)."""
+    x = number(v)
+    if not 0 <= x <= 1:
+        raise ValueError("a number from 0 to 1")
+    return x
+
+
 def positive_or_auto(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A positive number, or "auto" (decided once the run's length is known)."""
 

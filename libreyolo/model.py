@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.config import TrainConfig
+from libreyolo.config import TrainConfig, resolve_multi_label
 from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic
 from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
@@ -38,6 +38,9 @@ class LibreYOLO:
             if not path.is_file():
                 hint = f" pretrained=false or model={path.stem} builds an untrained {path.stem};" if stem_match else ""
                 raise CheckpointError(f"{path} does not exist.{hint} nothing is downloaded, ever.")
+            self.load_record(load_checkpoint(path))
+            return
+        if stem_match is None and path.is_file():  # a checkpoint under another name (.pth), or a file that is not one
             self.load_record(load_checkpoint(path))
             return
         if stem_match is None:
@@ -130,10 +133,18 @@ class LibreYOLO:
         imgsz: int | None = None,
         device: str = "auto",
         max_det: int = 300,
+        multi_label: bool | str = "auto",
     ) -> list[Any]:
+        """Detect objects in images: a path, a folder, a numpy array in OpenCV's channel order (gray, BGR or
+        BGRA, uint8), a PIL image, or a list of them. -> `Predictions`, a list of `Results` (one per readable
+        image) whose `skipped` lists the files that could not be read. multi_label auto is false here (one class
+        per box); val() uses true: pass the same value to both to reproduce val's mAP from these detections."""
         from libreyolo.predict import run_predict
 
-        return run_predict(self, source, conf=conf, iou=iou, imgsz=imgsz or self.imgsz, device=device, max_det=max_det)
+        kw = {"conf": conf, "iou": iou, "imgsz": imgsz or self.imgsz, "device": device, "max_det": max_det}
+        kw = {k: TrainConfig.parse_value(k, v) for k, v in {**kw, "multi_label": multi_label}.items()}
+        kw["multi_label"] = resolve_multi_label(kw["multi_label"], "predict")
+        return run_predict(self, source, **kw)
 
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.net.parameters())

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 
@@ -37,16 +39,48 @@ class Results:
     def to_list(self) -> list[dict[str, Any]]:
         return [
             {"class": int(c), "name": self.names[int(c)], "score": float(s), "box": [float(v) for v in b]}
-            for b, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.classes.tolist())
+            for b, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.classes.tolist(), strict=True)
         ]
 
 
+class Predictions(list):
+    """The Results of every image that could be read, in source order; `skipped` holds (file, reason) for each
+    image that could not be read (each also raised a `UnreadableImageWarning`)."""
+
+    def __init__(self, results: list[Results] = (), skipped: list[tuple[str, str]] | None = None):
+        super().__init__(results)
+        self.skipped: list[tuple[str, str]] = list(skipped or [])
+
+
+class UnreadableImageWarning(UserWarning):
+    """An image of a predict source could not be read: it is skipped, the others are predicted."""
+
+
+def to_rgb(arr: np.ndarray) -> np.ndarray:
+    """A numpy image in OpenCV's channel order, as cv2.imread gives it: gray (H, W) or (H, W, 1), BGR (H, W, 3) or
+    BGRA (H, W, 4), uint8 -> RGB (H, W, 3) uint8, the order the network was trained on."""
+    if arr.dtype != np.uint8:
+        raise DataError(f"a numpy image must be uint8 (0..255), got {arr.dtype}; convert it, e.g. img.astype(np.uint8)")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    if arr.ndim == 2:
+        return cv2.cvtColor(arr, cv2.COLOR_GRAY2RGB)
+    if arr.ndim == 3 and arr.shape[2] == 3:
+        return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
+    if arr.ndim == 3 and arr.shape[2] == 4:
+        return cv2.cvtColor(arr, cv2.COLOR_BGRA2RGB)
+    raise DataError(
+        f"a numpy image must be (H, W) gray, (H, W, 1), (H, W, 3) BGR or (H, W, 4) BGRA, got shape {arr.shape}"
+    )
+
+
 def _sources(source: Any) -> list[tuple[str | None, np.ndarray | None]]:
-    """Paths, folders, lists, numpy arrays (BGR, as OpenCV gives them) or PIL images -> (path, RGB array or None)."""
+    """Paths, folders, lists, numpy arrays (OpenCV's order: gray, BGR or BGRA) or PIL images -> (path, RGB array
+    or None: read from the path later)."""
     if isinstance(source, (list, tuple)):
         return [x for s in source for x in _sources(s)]
     if isinstance(source, np.ndarray):
-        return [(None, np.ascontiguousarray(source[..., ::-1]))]
+        return [(None, to_rgb(source))]
     if hasattr(source, "convert") and hasattr(source, "size"):  # PIL image
         return [(None, np.asarray(source.convert("RGB")))]
     p = Path(os.fspath(source))
@@ -55,6 +89,15 @@ def _sources(source: Any) -> list[tuple[str | None, np.ndarray | None]]:
     if not p.is_file():
         raise DataError(f"source {p} does not exist (pass an image, a folder of images, or a list)")
     return [(str(p), None)]
+
+
+def _read(path: str) -> tuple[np.ndarray | None, str]:
+    """-> (RGB image, "") or (None, why it cannot be read)."""
+    try:
+        img = read_image(path)
+    except (cv2.error, OSError) as e:
+        return None, f"{type(e).__name__}: {e}"
+    return (img, "") if img is not None else (None, "OpenCV could not decode it")
 
 
 @torch.no_grad()
@@ -67,29 +110,43 @@ def run_predict(
     device: str = "auto",
     max_det: int = 300,
     batch: int = 8,
-) -> list[Results]:
+    multi_label: bool = False,
+) -> Predictions:
+    """An unreadable image is skipped (a warning names it, `Predictions.skipped` lists it) and the others are
+    predicted; only when none can be read is it an error."""
     kind, gpus = parse_device(device)
     dev = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
     net = model.net.to(dev).eval()
     items = _sources(source)
-    results: list[Results] = []
+    results = Predictions()
     for start in range(0, len(items), batch):
-        chunk = items[start : start + batch]
         imgs, metas = [], []
-        for path, arr in chunk:
-            img = arr if arr is not None else read_image(path)
+        for path, arr in items[start : start + batch]:
+            img, why = (arr, "") if arr is not None else _read(path)
             if img is None:
-                raise DataError(f"{path}: the image cannot be decoded")
+                results.skipped.append((path, why))
+                warnings.warn(
+                    f"{path}: skipped, the image cannot be read ({why})", UnreadableImageWarning, 4
+                )  # the caller of model.predict
+                continue
             lb, r, pad = letterbox(img, imgsz)
             imgs.append(lb)
             metas.append((path, img, r, pad))
+        if not imgs:
+            continue
         x = to_input(torch.from_numpy(np.stack(imgs)), dev)
-        packed = model.family.postprocess(net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det)
+        packed = model.family.postprocess(
+            net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det, multi_label=multi_label
+        )
         # boxes back to original pixels on the device, then one copy of the batch's detections to the host
         lb = torch.tensor(
             [[r, px, py, img.shape[0], img.shape[1]] for _, img, r, (px, py) in metas], dtype=torch.float32, device=dev
         )
         packed = to_original(packed, lb[:, 0], lb[:, 1:3], lb[:, 3:5]).cpu()
-        for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas):
+        for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas, strict=True):
             results.append(Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img))
+    if items and not results:
+        shown = "; ".join(f"{f}: {why}" for f, why in results.skipped[:3])
+        more = f" (and {len(results.skipped) - 3} more)" if len(results.skipped) > 3 else ""
+        raise DataError(f"none of the {len(items)} images could be read: {shown}{more}")
     return results

@@ -3,6 +3,7 @@ import torch
 from torchvision.ops import complete_box_iou_loss
 
 from libreyolo import LibreYOLO
+from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families.yolo9.assigner import TaskAlignedAssigner
 from libreyolo.families.yolo9.loss import DetectionLoss
@@ -97,6 +98,24 @@ def test_checkpoint_roundtrip_and_pickle_refusal(tmp_path):
     broken.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         LibreYOLO(broken)
+
+
+@pytest.mark.parametrize("name,text", [("data.yaml", "path: /data\ntrain: images\n"), ("notes.pt", "hello\n")])
+def test_a_text_or_yaml_file_is_not_a_checkpoint_and_no_word_of_pickles(tmp_path, name, text, capsys):
+    from libreyolo.cli.main import main
+
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(CheckpointError, match=rf"{name} is not a libreyolo checkpoint") as e:
+        load_checkpoint(f)
+    assert "pickle" not in str(e.value) and "execute" not in str(e.value)
+    argv = ["train", f"resume={f}", f"project={tmp_path}", "device=cpu"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{name} is not a libreyolo checkpoint" in err and "pickle" not in err
+    with pytest.raises(CheckpointError, match=rf"{name} is not a libreyolo checkpoint: it is not a PyTorch file"):
+        LibreYOLO(f)
+    assert LibreYOLO(LibreYOLO("LibreYOLO9t", nc=2).save(tmp_path / "w.pth")).nc == 2  # any name loads a checkpoint
 
 
 def test_batched_heads_loss_equals_separate_calls():

@@ -13,20 +13,26 @@ from libreyolo.keys import boolean
 flag = boolean  # an `extra` parser for command switches (json=true, save=1): TrainConfig's own booleans
 
 
-def parse_kv(argv: list[str], allowed: set[str] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def parse_kv(
+    argv: list[str], allowed: set[str] | None = None, extra: dict[str, Any] | None = None, command: str = "train"
+) -> dict[str, Any]:
     """['epochs=3', 'device=0,1'] -> {'epochs': 3, 'device': '0,1'}. Values are YAML-ish scalars; keys must
     be TrainConfig keys or a family's keys (optionally restricted to `allowed`) or one of `extra` (name ->
-    parser). Whether a family key suits the model is checked when the run's config is made."""
+    parser). Whether a family key suits the model is checked when the run's config is made. Errors point to
+    `libreyolo <command> --help`."""
     extra = extra or {}
     valid = sorted((allowed if allowed is not None else set(TrainConfig.all_keys())) | set(extra))
     out: dict[str, Any] = {}
     for arg in argv:
         if "=" not in arg:
-            raise ConfigError(f"argument {arg!r} is not key=value (for example epochs=10). See --help.")
+            raise ConfigError(
+                f"argument {arg!r} is not key=value (for example {'epochs=10' if command == 'train' else 'conf=0.5'}). "
+                f"See `libreyolo {command} --help`."
+            )
         key, value = arg.split("=", 1)
         key = key.strip().lstrip("-").replace("-", "_")
         if key not in valid:
-            raise ConfigError(unknown_key_message(key, valid))
+            raise ConfigError(unknown_key_message(key, valid, command))
         if key in extra:
             try:
                 out[key] = extra[key](value)

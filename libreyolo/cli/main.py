@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(rest)
     except LibreYOLOError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

@@ -1,17 +1,23 @@
-"""libreyolo predict model=... source=img.jpg [conf=0.25 iou=0.7 imgsz= device= save=false json=false]"""
+"""libreyolo predict model=... source=img.jpg [conf=0.25 iou=0.7 imgsz= device= multi_label= save=false json=false]
+
+An image that cannot be read is skipped and named on stderr; the others are predicted. The exit status is 0 when
+at least one image was predicted, 2 (an error) when none could be read."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import cv2
+from rich.console import Console
+from rich.markup import escape
 
 from libreyolo.cli.args import flag, parse_kv
 from libreyolo.cli.help import show_help
 from libreyolo.engine.rundir import increment_run_dir
 
-KEYS = {"model", "imgsz", "device", "conf", "iou", "max_det", "project", "name"}
+KEYS = {"model", "imgsz", "device", "conf", "iou", "max_det", "multi_label", "project", "name"}
 
 
 def run(argv: list[str]) -> int:
@@ -24,10 +30,12 @@ def run(argv: list[str]) -> int:
                 "save": "write annotated images to runs/predict/exp",
                 "json": "print detections as JSON lines",
             },
+            defaults={"conf": 0.25, "project": "runs/predict"},
         )
-    kw = parse_kv(argv, KEYS, {"source": str, "save": flag, "json": flag})
+    kw = parse_kv(argv, KEYS, {"source": str, "save": flag, "json": flag}, command="predict")
     from libreyolo import LibreYOLO
     from libreyolo.errors import ConfigError
+    from libreyolo.predict import UnreadableImageWarning
 
     if "source" not in kw:
         raise ConfigError("predict needs source=PATH (an image or a folder of images)")
@@ -35,7 +43,9 @@ def run(argv: list[str]) -> int:
     save, as_json = kw.pop("save", False), kw.pop("json", False)
     out_dir = increment_run_dir(kw.pop("project", "runs/predict"), kw.pop("name", "exp"), False) if save else None
     kw.setdefault("conf", 0.25)
-    results = model.predict(kw.pop("source"), **kw)
+    with warnings.catch_warnings():  # the skipped files are listed once, at the end
+        warnings.simplefilter("ignore", UnreadableImageWarning)
+        results = model.predict(kw.pop("source"), **kw)
     for r in results:
         dets = r.to_list()
         if as_json:
@@ -60,4 +70,9 @@ def run(argv: list[str]) -> int:
             cv2.imwrite(str(out_dir / Path(r.path or "image.jpg").name), img)
     if out_dir is not None:
         print(f"saved to {out_dir}")
+    if results.skipped:
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        for f, why in results.skipped:
+            err.print(f"[yellow]skipped[/] {escape(f)}: {escape(why)}")
+        err.print(f"{len(results.skipped)} of {len(results) + len(results.skipped)} images could not be read")
     return 0

@@ -1,4 +1,4 @@
-"""libreyolo val model=... data=... [imgsz= batch= device= conf= iou=]"""
+"""libreyolo val model=... data=... [split=val imgsz= batch= device= conf= iou= max_det= multi_label=]"""
 
 from __future__ import annotations
 
@@ -16,8 +16,15 @@ KEYS = VAL_KEYS | {"model", "data"}
 
 def run(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
-        return show_help("val", KEYS, {"split": "val (default) or test", "json": "print the metrics as JSON"})
-    kw = parse_kv(argv, KEYS, {"split": str, "json": flag})
+        return show_help(
+            "val",
+            KEYS,
+            {
+                "split": "val (default), test or train: a split the dataset yaml has",
+                "json": "print the metrics as JSON",
+            },
+        )
+    kw = parse_kv(argv, KEYS, {"split": str, "json": flag}, command="val")
     from libreyolo import LibreYOLO
 
     as_json = kw.pop("json", False)

@@ -24,11 +24,11 @@ def resize_long_side(img: np.ndarray, imgsz: int) -> np.ndarray:
 
 
 def letterbox(img: np.ndarray, imgsz: int) -> tuple[np.ndarray, float, tuple[int, int]]:
-    """Fit the long side to imgsz and pad to a square; -> image, scale, (pad_x, pad_y)."""
+    """Fit the long side to imgsz and pad to a square; -> image, scale, (pad_x, pad_y). The short side keeps at
+    least one pixel (a 4000x20 image at imgsz 64)."""
     h, w = img.shape[:2]
     r = imgsz / max(h, w)
-    if r != 1:
-        img = cv2.resize(img, (round(w * r), round(h * r)), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+    img = resize_long_side(img, imgsz)
     nh, nw = img.shape[:2]
     px, py = (imgsz - nw) // 2, (imgsz - nh) // 2
     out = cv2.copyMakeBorder(img, py, imgsz - nh - py, px, imgsz - nw - px, cv2.BORDER_CONSTANT, value=(PAD, PAD, PAD))

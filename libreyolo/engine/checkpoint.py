@@ -94,6 +94,16 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    # torch.save writes a zip archive; a pickle starts with its protocol opcode. Anything else (a yaml, a text
+    # file, an image) is not a checkpoint, and torch's own errors about unpickling it would only mislead.
+    if not head.startswith((b"PK\x03\x04", b"\x80")):
+        yaml_hint = "; a dataset yaml goes to data=" if path.suffix in (".yaml", ".yml") else ""
+        raise CheckpointError(
+            f"{path} is not a libreyolo checkpoint: it is not a PyTorch file (pass the weights/last.pt or "
+            f"weights/best.pt of a libreyolo run{yaml_hint})"
+        )
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from libreyolo import events as ev
+from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
 from libreyolo.engine.rundir import append_results, results_columns, results_row
 from libreyolo.eval.graphed import EvalGraph
@@ -97,6 +98,7 @@ class EpochValidations:
                 background=not self.synchronous,
                 static_shape=self.graph is not None,
                 graph=self.graph,
+                multi_label=resolve_multi_label(cfg.multi_label, "val"),
             )
             if self.graph is not None and self.graph.error and not self._told:
                 self._told = True

@@ -42,9 +42,10 @@ from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.errors import CheckpointError, ConfigError, DataError
 from libreyolo.families import Family, LossFn, ScheduleFn, get_family
 from libreyolo.render import RichRenderer
+from libreyolo.tblog import TensorBoardLogger, require_tensorboard
 
 # settings a resumed run may change; everything else comes from the checkpoint so the run continues as it was
-RESUME_OVERRIDABLE = {"device", "workers", "log_interval"}
+RESUME_OVERRIDABLE = {"device", "workers", "log_interval", "tensorboard"}
 
 
 @dataclass
@@ -203,6 +204,8 @@ def build_setup(trainer: Any) -> TrainSetup:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
+    if cfg.tensorboard:
+        require_tensorboard()  # as early: the error says how to install it
     notes: list[str] = []
     if dist.world_size > 1 and not trainer.model.family.supports_ddp:
         raise ConfigError(distributed.family_message(trainer.model.family.name, cfg.device, dist.world_size))
@@ -314,6 +317,10 @@ def build_setup(trainer: Any) -> TrainSetup:
         renderer = RichRenderer()
         s.sinks = [writer.write, renderer, *cfg.callbacks]
         s.closers = [renderer.close, writer.close, *s.closers]
+        if cfg.tensorboard:
+            tb = TensorBoardLogger(run_dir / "tensorboard")
+            s.sinks.insert(2, tb)
+            s.closers.insert(0, tb.close)
     trainer.s = s
     if ckpt is not None:
         trainer.restore(ckpt)

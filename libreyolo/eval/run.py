@@ -6,17 +6,18 @@ from typing import Any
 
 import torch
 
-from libreyolo.config import TrainConfig
+from libreyolo.config import TrainConfig, resolve_multi_label, unknown_key_message
 from libreyolo.data.config import list_images, load_data_config
 from libreyolo.data.dataset import YOLODataset
 from libreyolo.data.labels import scan_labels
 from libreyolo.data.loader import cpu_count, default_workers, val_loader
 from libreyolo.distributed.device import parse_device
 from libreyolo.engine.amp import resolve_amp
-from libreyolo.errors import DataError
+from libreyolo.errors import ConfigError, DataError
 from libreyolo.eval.validator import validate
 
-VAL_KEYS = {"imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "amp", "amp_dtype"}
+VAL_KEYS = {"imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "multi_label", "amp", "amp_dtype"}
+SPLITS = ("train", "val", "test")
 
 
 def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: Any) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     detections, skipped (files that could not be used)."""
     unknown = set(kwargs) - VAL_KEYS
     if unknown:
-        TrainConfig.parse_value(sorted(unknown)[0], None)  # raises with the nearest valid keys
+        raise ConfigError(unknown_key_message(sorted(unknown)[0], sorted(VAL_KEYS | {"data", "split"}), "val"))
     cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs}, family=model.family)
     kind, gpus = parse_device(cfg.device)
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
@@ -32,6 +33,12 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     if dc.names != model.names and len(dc.names) != model.nc:
         raise DataError(
             f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: {model.names}"
+        )
+    has = [k for k in SPLITS if getattr(dc, k)]
+    if split not in has:
+        raise DataError(
+            f"split={split!r}: {dc.yaml_path} has no {split!r} split; its splits are {', '.join(has)}. "
+            "Pass split= one of those (val is the default)"
         )
     images = list_images(getattr(dc, split))
     ls = scan_labels(images, dc.nc)
@@ -55,6 +62,7 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
         cfg.max_det,
         amp.autocast_dtype,
         eval_workers=min(8, cpu_count()),
+        multi_label=resolve_multi_label(cfg.multi_label, "val"),
     )
     out["skipped"] = [f for f, _ in ls.skipped] + out.pop("bad")
     return out

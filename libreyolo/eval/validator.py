@@ -117,6 +117,7 @@ def start_validation(
     stages: Stages | None = None,
     background: bool = True,
     graph: EvalGraph | None = None,
+    multi_label: bool = True,
 ) -> PendingValidation:
     """Run the network over the loader (a `ValLoader` or any loader of `collate`d validation batches) and start
     the COCO evaluation. The pending result has precision, recall, map50, map, losses {term: value} (the family's
@@ -128,6 +129,7 @@ def start_validation(
     eval_workers > 1: a large COCO evaluation is split by categories over that many processes (eval/coco.py).
     background=False: the evaluation runs in the caller's thread when result() is first called.
     graph: forward and loss through a CUDA graph of the (static_shape) batch shape (eval/graphed.py).
+    multi_label: NMS keeps every class above conf per box (Ultralytics' validation) or only the best one.
 
     The background thread shares the interpreter lock with the caller: faster-coco-eval holds it through its C++
     evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
@@ -187,7 +189,9 @@ def start_validation(
                         )
                     loss_sum += items
             with st("postprocess"):
-                packed = family.postprocess(net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=True)
+                packed = family.postprocess(
+                    net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label
+                )
                 dets = to_original(packed, *(batch[k].to(device, non_blocking=True) for k in ("scale", "pad", "shape")))
             with st("to_host"):
                 host = dets.cpu().numpy()  # the batch's one device-to-host copy
