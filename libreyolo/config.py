@@ -8,8 +8,9 @@ through `Family.defaults`."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 from libreyolo import keys as K
 from libreyolo.errors import ConfigError
@@ -26,7 +27,8 @@ class TrainConfig:
     model: str = opt(
         "LibreYOLO9t",
         K.text,
-        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs: docs/families.md) or a checkpoint .pt",
+        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs: docs/families.md) or a "
+        "checkpoint .pt",
         "run",
     )
     data: str = opt("shapes", K.text, "dataset yaml, or 'shapes' for the built-in synthetic dataset", "run")
@@ -49,7 +51,8 @@ class TrainConfig:
     cudnn_benchmark: bool | str = opt(
         "auto",
         K.bool_or("auto"),
-        "let cuDNN time its algorithms for every new input shape: faster convolutions after seconds of timing at the start; auto: only for runs of 5,000+ steps (off when deterministic)",
+        "let cuDNN time its algorithms for every new input shape: faster convolutions after seconds of timing at the "
+        "start; auto: only for runs of 5,000+ steps (off when deterministic)",
         "run",
     )
     patience: int = opt(
@@ -80,7 +83,8 @@ class TrainConfig:
     optimizer: str = opt(
         "auto",
         K.choice("auto", "SGD", "AdamW"),
-        "optimizer; auto: AdamW at an LR fitted to the class count, SGD at 0.01 beyond 10,000 optimizer steps (both ignore lr0 and momentum)",
+        "optimizer; auto: AdamW at an LR fitted to the class count, SGD at 0.01 beyond 10,000 optimizer steps (both "
+        "ignore lr0 and momentum)",
         "optim",
     )
     lr0: float = opt(0.01, K.positive(K.number), "initial learning rate", "optim")
@@ -94,7 +98,8 @@ class TrainConfig:
     nbs: int | str = opt(
         "auto",
         K.positive_or_auto(K.integer),
-        "nominal batch size: gradients accumulate to about this many images; auto: 64 for long runs (over 10,000 optimizer steps at 64), the batch itself (a step per batch) for shorter ones",
+        "nominal batch size: gradients accumulate to about this many images; auto: 64 for long runs (over 10,000 "
+        "optimizer steps at 64), the batch itself (a step per batch) for shorter ones",
         "optim",
     )
     grad_clip: float = opt(10.0, K.nonneg(K.number), "clip the gradient norm to this value (0: off)", "optim")
@@ -126,7 +131,8 @@ class TrainConfig:
     cuda_graph: bool | str = opt(
         "auto",
         K.bool_or("full", "auto"),
-        "CUDA graphs: auto (the whole step where the family and run allow it, else the network, else none), full (the whole step), true (the network), false",
+        "CUDA graphs: auto (the whole step where the family and run allow it, else the network, else none), full (the "
+        "whole step), true (the network), false",
         "speed",
     )
     channels_last: bool = opt(
@@ -218,7 +224,8 @@ class TrainConfig:
             if not mine:
                 names = ", ".join(f"the {f.name} family ({', '.join(f.models)})" for f, _ in owners)
                 raise ConfigError(
-                    f"{key} is a key of {names}; {family.name} models ({', '.join(family.models)}) do not take it. Remove {key}=..."
+                    f"{key} is a key of {names}; {family.name} models ({', '.join(family.models)}) do not take it. "
+                    f"Remove {key}=..."
                 )
             parse = mine[0].parse
         if parse is None:
@@ -231,7 +238,7 @@ class TrainConfig:
     @classmethod
     def from_overrides(
         cls, overrides: dict[str, Any], defaults: dict[str, Any] | None = None, family: Family | None = None
-    ) -> "TrainConfig":
+    ) -> TrainConfig:
         """The family's key defaults, its `defaults`, then `defaults`, then the user's values; every value is typed
         and checked. The family is the one given, else the one `model` names (a .pt file names none: its
         caller passes the checkpoint's family)."""

@@ -10,9 +10,10 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, ClassVar
 
 SCHEMA_VERSION = 2
 # what readers (the console) still accept: version 1 files lack run_start's loss_terms and cuda_graph_mode/

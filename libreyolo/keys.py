@@ -5,8 +5,9 @@ value, or raises ValueError saying what the key accepts; the caller names the ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 TRUE = {"true", "1", "yes", "on", "y", "t"}
 FALSE = {"false", "0", "no", "off", "n", "f"}

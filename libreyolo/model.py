@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from libreyolo.config import TrainConfig, resolve_multi_label
@@ -148,4 +147,5 @@ class LibreYOLO:
 
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.net.parameters())
-        return f"LibreYOLO({self.model_name}, {self.nc} classes, {n / 1e6:.2f}M params, {'trained' if self.trained else 'untrained'})"
+        state = "trained" if self.trained else "untrained"
+        return f"LibreYOLO({self.model_name}, {self.nc} classes, {n / 1e6:.2f}M params, {state})"

@@ -58,10 +58,10 @@ def test_writes_land_in_order_and_an_error_surfaces_in_the_training_thread(tmp_p
 
 
 def test_a_run_whose_checkpoint_cannot_be_written_fails_with_that_error(tiny_data, tmp_path, monkeypatch):
+    from conftest import FAST
+
     from libreyolo import LibreYOLO
     from libreyolo.events import read_events
-
-    from conftest import FAST
 
     real_save = checkpoint.save_atomic
 

@@ -67,7 +67,7 @@ def test_cli_errors_exit_2_with_message(capsys):
 def test_train_help_lists_every_key_with_default(capsys):
     assert main(["train", "--help"]) == 0
     out = capsys.readouterr().out
-    for key, default, help_, _ in TrainConfig.spec():
+    for key, _default, _help, _ in TrainConfig.spec():
         assert re.search(rf"^\s*{key}\s", out, re.M), key
 
 

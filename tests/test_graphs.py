@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from conftest import FAST
 
 from libreyolo import LibreYOLO
 from libreyolo import events as ev
@@ -17,8 +18,6 @@ from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.errors import ConfigError
 from libreyolo.events import read_events
 from libreyolo.families import NO_CAPTURE, WHOLE_NET, CapturePlan
-
-from conftest import FAST
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")

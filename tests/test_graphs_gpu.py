@@ -100,7 +100,7 @@ def test_multiscale_captures_only_the_repeated_shape():
     events = []
     step, parts = make_runner(cfg, DEV, nc, "graph", events.append)
     seq = [big, big, small, big, big, big, small, big]
-    for i, b in enumerate(seq):
+    for b in seq:
         step(b[0]["img"], b[0]["targets"], b[0]["mask"], True)
     torch.cuda.synchronize()
     assert [k[1] for k in step.graphs] == [256]

@@ -6,10 +6,10 @@ import shutil
 import subprocess
 import sys
 
+from conftest import FAST
+
 from libreyolo.data import loader
 from libreyolo.data.loader import default_workers, prefetch_factor, train_loader, val_loader
-
-from conftest import FAST
 
 
 def _cli(*args):

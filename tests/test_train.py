@@ -1,13 +1,11 @@
 """End-to-end training on CPU: over-fitting, resume, kill -9, the event stream, results.csv."""
 
 import csv
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch

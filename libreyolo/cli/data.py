@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -44,7 +45,8 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
 
     if cache not in (False, "disk"):
         raise ConfigError(
-            f"cache={'ram' if cache is True else cache} lives only as long as a training run; `data prepare` builds cache=disk (or none)"
+            f"cache={'ram' if cache is True else cache} lives only as long as a training run; `data prepare` builds "
+            "cache=disk (or none)"
         )
     out, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
     dc = load_data_config(data)

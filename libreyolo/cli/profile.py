@@ -179,7 +179,8 @@ def cmd_file(cmd: str, argv: list[str]) -> int:
     else:
         if a.phase is not None and a.phase not in {r["name"] for r in p["phases"]} | {"other", "copy"}:
             raise ConfigError(
-                f"--phase {a.phase!r}: not a phase of this profile; use one of {', '.join(r['name'] for r in p['phases'])}, other, copy"
+                f"--phase {a.phase!r}: not a phase of this profile; use one of "
+                f"{', '.join(r['name'] for r in p['phases'])}, other, copy"
             )
         rows = report.select_kernels(p, a.top, a.phase, a.grep, a.sort)
         if a.json:

@@ -9,7 +9,8 @@ fails, validation stays eager and `error` says why."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

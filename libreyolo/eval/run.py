@@ -32,7 +32,8 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     dc = load_data_config(data or cfg.data)
     if dc.names != model.names and len(dc.names) != model.nc:
         raise DataError(
-            f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: {model.names}"
+            f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: "
+            f"{model.names}"
         )
     has = [k for k in SPLITS if getattr(dc, k)]
     if split not in has:
