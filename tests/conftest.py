@@ -29,24 +29,29 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_shapes(tmp_path_factory.mktemp("tiny") / "shapes", n_train=16, n_val=8, size=64)
 
 
-@pytest.fixture(scope="session")
-def overfit_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """8 images; training sees 4 copies of each per epoch (4 steps at batch 8), validation the 8 originals."""
+def repeated_shapes(root: Path, size: int, copies: int = 4) -> Path:
+    """8 shapes images of `size` px under root; the yaml trains on `copies` copies of each per epoch and
+    validates on the 8 originals."""
     import shutil
 
     from libreyolo.data.shapes import make_shapes
 
-    root = tmp_path_factory.mktemp("overfit") / "shapes"
-    make_shapes(root, n_train=8, n_val=1, size=96)
+    make_shapes(root, n_train=8, n_val=1, size=size)
     for sub in ("images", "labels"):
         (root / sub / "rep").mkdir()
     for img in sorted((root / "images" / "train").glob("*.jpg")):
-        for k in range(4):
+        for k in range(copies):
             shutil.copy(img, root / "images" / "rep" / f"{img.stem}_{k}.jpg")
             shutil.copy(root / "labels" / "train" / f"{img.stem}.txt", root / "labels" / "rep" / f"{img.stem}_{k}.txt")
-    yaml_path = root / "overfit.yaml"
+    yaml_path = root / "repeated.yaml"
     yaml_path.write_text(f"path: {root}\ntrain: images/rep\nval: images/train\nnames: [circle, square, triangle]\n")
     return yaml_path
+
+
+@pytest.fixture(scope="session")
+def overfit_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 images of 96 px; training sees 4 copies of each per epoch (4 steps at batch 8), validation the 8 originals."""
+    return repeated_shapes(tmp_path_factory.mktemp("overfit") / "shapes", size=96)
 
 
 # settings that make a CPU run short and free of randomness that tests do not control

@@ -8,6 +8,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import repeated_shapes
 
 from libreyolo import LibreYOLO
 from libreyolo.cli.main import main
@@ -125,17 +126,8 @@ def test_val_and_predict_key_errors_point_to_their_own_help(model, tiny_data, ca
 def briefly_trained(tmp_path_factory):
     """LibreYOLO9t after 4 tiny epochs on 8 shapes images of 64 px (each 4 times per epoch): far from good, but
     with hundreds of detections at conf 0.001 and an mAP above 0 that multi_label changes."""
-    from libreyolo.data.shapes import make_shapes
-
-    root = make_shapes(tmp_path_factory.mktemp("brief") / "shapes", n_train=8, n_val=1, size=64).parent
-    for sub in ("images", "labels"):
-        (root / sub / "rep").mkdir()
-    for img in sorted((root / "images" / "train").glob("*.jpg")):
-        for k in range(4):
-            shutil.copy(img, root / "images" / "rep" / f"{img.stem}_{k}.jpg")
-            shutil.copy(root / "labels" / "train" / f"{img.stem}.txt", root / "labels" / "rep" / f"{img.stem}_{k}.txt")
-    data = root / "brief.yaml"
-    data.write_text(f"path: {root}\ntrain: images/rep\nval: images/train\nnames: [circle, square, triangle]\n")
+    data = repeated_shapes(tmp_path_factory.mktemp("brief") / "shapes", size=64)
+    root = data.parent
     m = LibreYOLO("LibreYOLO9t")
     no_aug = dict(mosaic=0, scale=0, translate=0, fliplr=0, hsv_h=0, hsv_s=0, hsv_v=0)
     m.train(
