@@ -9,7 +9,14 @@ from libreyolo.cli.docs import group_title
 from libreyolo.config import TrainConfig
 
 
-def show_help(command: str, keys: set[str] | None = None, extra: dict[str, str] | None = None) -> int:
+def show_help(
+    command: str,
+    keys: set[str] | None = None,
+    extra: dict[str, str] | None = None,
+    defaults: dict[str, object] | None = None,
+) -> int:
+    """Print the keys' table; `defaults` are the command's own defaults where they differ from TrainConfig's
+    (a benchmark that runs batch 8 must not say 16)."""
     console = Console(highlight=False)
     console.print(f"usage: libreyolo {command} [key=value ...]\n", markup=False)
     table = Table(box=None, padding=(0, 2), show_header=True, header_style="bold")
@@ -23,6 +30,7 @@ def show_help(command: str, keys: set[str] | None = None, extra: dict[str, str] 
         if grp != group and keys is None:
             table.add_row(f"[dim]# {group_title(grp)}[/]", "", "")
             group = grp
+        default = (defaults or {}).get(key, default)
         table.add_row(key, repr(default) if isinstance(default, str) else str(default), help_)
     for key, help_ in (extra or {}).items():
         table.add_row(key, "", help_)
