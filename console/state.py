@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from libreyolo.eta import EtaEstimator
+
 MAX_POINTS = 2000  # loss-curve points kept; older ones are thinned so a week-long run stays cheap to plot
 
 
@@ -52,6 +54,7 @@ class RunState:
     t0: float | None = None  # time of the file's first event: graph lines are timed from it
     last_t: float | None = None  # time of the newest event (heartbeats included)
     bad_lines: int = 0
+    eta: EtaEstimator = field(default_factory=EtaEstimator)  # "estimating…", then a range (libreyolo.eta)
     _declared: bool = False  # terms came from a run_start (v2): the losses dicts no longer add any
     _thin: int = 1  # keep every _thin-th step event once MAX_POINTS was reached
     _seen: int = 0
@@ -76,6 +79,7 @@ class RunState:
         self.epoch = e["start_epoch"]
         self.steps = e["steps_per_epoch"]
         self.step = 0
+        self.eta.reset()  # a resumed process warms up again
         terms = e.get("loss_terms")  # absent in version-1 files
         if isinstance(terms, list) and terms:
             self.terms, self._declared = tuple(map(str, terms)), True
@@ -92,6 +96,7 @@ class RunState:
     def _on_step(self, e: dict[str, Any]) -> None:
         self.last_step = e
         self.epoch, self.step, self.steps = e["epoch"], e["step"], e["steps"]
+        self.eta.update(e["epoch"], e["step"], e["steps"], self.epochs, float(e["eta_s"]))
         lo = e["losses"]
         x = e["epoch"] + e["step"] / max(e["steps"], 1)
         if self.losses and x < self.losses[-1][0]:
