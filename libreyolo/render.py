@@ -59,7 +59,8 @@ class RichRenderer:
         )
         c.print(f"  data {e.data}: {e.train_images} train / {e.val_images} val images, imgsz {e.imgsz}")
         c.print(
-            f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, {e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph_mode}"
+            f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, "
+            f"{e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph_mode}"
         )
         c.print(f"  {e.cuda_graph_reason}")
         c.print(f"  run dir {e.run_dir}" + ("  [yellow](resumed)[/]" if e.resumed else ""))
@@ -84,8 +85,8 @@ class RichRenderer:
 
     def _on_step(self, e: ev.Step) -> None:
         self._eta.update(e.epoch, e.step, e.steps, self._epochs, e.eta_s)
-        l = e.losses  # empty until the epoch's first asynchronous read-back has landed
-        losses = " ".join(f"{k} {l[k]:.3f}" if k in l else f"{k} -" for k in self._terms or l)
+        lo = e.losses  # empty until the epoch's first asynchronous read-back has landed
+        losses = " ".join(f"{k} {lo[k]:.3f}" if k in lo else f"{k} -" for k in self._terms or lo)
         stats = f"{losses} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (
             f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else ""
         )
@@ -119,8 +120,8 @@ class RichRenderer:
     def _on_epoch_end(self, e: ev.EpochEnd) -> None:
         self.close()
         if self.plain:
-            l = e.losses
-            losses = " ".join(f"{k} {l.get(k, 0):.3f}" for k in self._terms or l)
+            lo = e.losses
+            losses = " ".join(f"{k} {lo.get(k, 0):.3f}" for k in self._terms or lo)
             self.console.print(f"  epoch {e.epoch + 1} done in {e.time_s:.1f}s ({e.img_s:.0f} img/s): {losses}")
 
     def _on_checkpoint(self, e: ev.Checkpoint) -> None:
