@@ -1,0 +1,146 @@
+"""What a newcomer meets in the first minute: keys answer while the new-run form's modules import, and
+quitting with a live run says how to come back to it."""
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+import libreyolo.families
+from libreyolo_console import app as console_app
+from libreyolo_console.app import ConsoleApp, main
+from libreyolo_console.runs import LIVE
+from libreyolo_console.screens.loading import FormLoading
+from libreyolo_console.screens.new_run import NewRunScreen
+from libreyolo_console.screens.run import RunScreen
+from libreyolo_console.screens.runs import RunsScreen
+from libreyolo_console.supervisor import launch, read_record, record_alive
+
+LOAD_S = 2.0  # the stand-in for a cold `import torch`
+
+
+@pytest.fixture(autouse=True)
+def _own_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
+
+
+@pytest.fixture
+def slow_import(monkeypatch):
+    """The form's heavy import takes LOAD_S seconds, deterministically (torch is already imported here)."""
+    real = libreyolo.families.model_names
+
+    def slow() -> list[str]:
+        time.sleep(LOAD_S)
+        return real()
+
+    monkeypatch.setattr(libreyolo.families, "model_names", slow)
+
+
+async def until(pilot, pred, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await pilot.pause(0.05)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+async def timed_press(pilot, key: str) -> float:
+    t = time.monotonic()
+    await pilot.press(key)
+    return time.monotonic() - t
+
+
+def test_keys_pressed_while_the_form_loads_take_effect(tmp_path, slow_import):
+    async def run() -> None:
+        app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            # no runs yet: the demo form is asked for at once, and a loading screen answers while it imports
+            await until(pilot, lambda: isinstance(app.screen, FormLoading), "the loading screen", 2)
+            assert "loading the new-run form" in str(app.screen.query_one("#loading-note").render())
+            assert await timed_press(pilot, "escape") < LOAD_S / 2  # answered now, not after the import
+            assert isinstance(app.screen, RunsScreen)
+            assert await timed_press(pilot, "n") < LOAD_S / 2
+            assert isinstance(app.screen, FormLoading) and app.model_names is None
+            await pilot.press("tab")  # kept for the form: from Start to Cancel
+            assert "1 key(s) kept" in str(app.screen.query_one("#loading-note").render())
+            await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the form", LOAD_S + 10)
+            await until(pilot, lambda: app.focused is not None and app.focused.id == "cancel", "the kept tab", 2)
+            await pilot.press("enter")  # Cancel: back to the list
+            assert isinstance(app.screen, RunsScreen)
+            await pilot.press("n")  # loaded now: the form at once
+            assert isinstance(app.screen, NewRunScreen)
+
+    asyncio.run(run())
+
+
+def test_q_while_the_form_loads_quits_at_once(tmp_path, slow_import):
+    t = [0.0]
+
+    async def run() -> None:
+        app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, FormLoading), "the loading screen", 2)
+            t[0] = time.monotonic()
+            await pilot.press("q")
+
+    asyncio.run(run())
+    assert time.monotonic() - t[0] < LOAD_S / 2  # gone, without waiting for the import to finish
+
+
+@pytest.fixture
+def live_stand_in(tmp_path):
+    """A live run as the console sees one: a process started by the supervisor, with its record."""
+    run_dir = tmp_path / "runs" / "exp"
+    rec = launch(run_dir, [sys.executable, "-c", "import time; time.sleep(60)"])
+    yield run_dir
+    if record_alive(read_record(run_dir)):
+        os.killpg(rec.pgid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("attach", [False, True])
+def test_quitting_with_a_live_run_says_it_keeps_training_and_how_to_reattach(
+    tmp_path, live_stand_in, attach, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # the command names the folder from where the console was started
+
+    async def run() -> str:
+        app = ConsoleApp(project=tmp_path / "runs", attach=live_stand_in if attach else None, gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            if attach:
+                await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.status == LIVE, "live")
+            else:
+                await until(pilot, lambda: getattr(app.screen, "loaded", False), "the run list")
+            await pilot.press("q")
+        return app.goodbye
+
+    said = asyncio.run(run())
+    assert "1 run(s) keep training" in said
+    assert said.splitlines()[1:] == ["  libreyolo-console attach runs/exp"]
+    assert record_alive(read_record(live_stand_in))
+
+
+def test_main_prints_the_reattach_command_after_the_terminal_is_restored(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "exp"
+
+    def fake_run(self: ConsoleApp) -> None:  # the terminal is the test's: only what comes after run() is checked
+        self.goodbye = console_app.farewell([run_dir])
+
+    monkeypatch.setattr(ConsoleApp, "run", fake_run)
+    assert main(["--project", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "keep training" in out and "  libreyolo-console attach runs/exp\n" in out
+
+
+def test_the_first_paint_does_not_wait_for_torch():
+    """Everything the run list needs imports without torch (the form's modules follow in a thread)."""
+    import subprocess
+
+    code = "import sys, libreyolo_console.app; print([m for m in ('torch', 'libreyolo.families') if m in sys.modules])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
