@@ -144,3 +144,83 @@ def test_the_first_paint_does_not_wait_for_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def _resumed_run(run_dir, epochs: int = 30) -> None:
+    """Two processes: epoch 1 in 34 s, interrupted; resumed 66 s later, epoch 2 in 24 s, interrupted again."""
+    from libreyolo import events as ev
+    from libreyolo.families import get_family
+
+    w = ev.EventWriter(run_dir / "events.jsonl")
+    t0 = time.time() - 3600
+    for part, (start, took) in enumerate(((t0, 34.0), (t0 + 100, 24.0))):
+        w.write(
+            ev.RunStart(
+                run_dir=str(run_dir),
+                model="LibreYOLO9t",
+                family="yolo9",
+                task="detect",
+                nc=1,
+                names=["a"],
+                data="shapes",
+                epochs=epochs,
+                start_epoch=part,
+                batch=8,
+                batch_per_rank=8,
+                accumulate=8,
+                world_size=1,
+                imgsz=64,
+                device="cpu",
+                amp=False,
+                amp_dtype="float32",
+                cuda_graph="auto",
+                cuda_graph_mode="false",
+                cuda_graph_reason="eager on cpu",
+                loss_terms=list(get_family("yolo9").loss_terms),
+                workers=0,
+                optimizer="SGD",
+                steps_per_epoch=4,
+                train_images=32,
+                val_images=8,
+                params=1000,
+                pid=9_999_999,
+                resumed=part > 0,
+                config={},
+                t=start,
+            )  # fmt: skip
+        )
+        w.write(ev.EpochStart(epoch=part, epochs=epochs, steps=4, mosaic=True, t=start + 1))
+        losses = {"box": 1.0, "cls": 1.0, "dfl": 1.0}
+        w.write(ev.EpochEnd(epoch=part, losses=losses, lr={"pg0": 0.01}, time_s=took - 2, img_s=9.0, fitness=0.1,
+                            best_fitness=0.1, skipped_images=0, t=start + took - 1))  # fmt: skip
+        w.write(ev.RunEnd(status="interrupted", epochs_done=part + 1, best_fitness=0.1, best=None, last=None,
+                          time_s=took, metrics={}, t=start + took))  # fmt: skip
+    w.close()
+
+
+def test_a_resumed_run_counts_epochs_done_and_their_time_alike_in_the_list_and_the_view(tmp_path):
+    from libreyolo_console.widgets.progress import ProgressPanel
+    from libreyolo_console.widgets.run_list import RunList
+
+    run_dir = tmp_path / "runs" / "exp"
+    run_dir.mkdir(parents=True)
+    _resumed_run(run_dir)
+
+    async def run() -> tuple[list[str], str, str]:
+        app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: getattr(app.screen, "loaded", False), "the run list")
+            table = app.screen.query_one(RunList)
+            columns = [str(c.label) for c in table.columns.values()]
+            row = dict(zip(columns, map(str, table.get_row_at(0)), strict=True))
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, RunScreen) and app.screen.status != "?", "the run")
+            await pilot.pause(0.6)  # a redraw
+            status = str(app.screen.query_one("#run-status").render())
+            progress = str(app.screen.query_one(ProgressPanel).render())
+            return [f"{k}={v}" for k, v in row.items()], status, progress
+
+    row, status, progress = asyncio.run(run())
+    assert "epochs done=2/30" in row
+    assert "interrupted" in status and "epochs done 2/30 in 0:58 over 2 processes" in status  # 34 s + 24 s
+    assert progress.startswith("epochs done 2/30  ")

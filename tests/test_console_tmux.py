@@ -94,7 +94,7 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
             "the run view with a first step",
             120,
         )
-        assert re.search(r"epoch [12]/5", screen), screen
+        assert re.search(r"epochs done [01]/5", screen), screen
         run_dir = next(p for p in project.iterdir() if p.is_dir())
         rec = read_record(run_dir)
         console_pid = int(tmux("list-panes", "-t", "first", "-F", "#{pane_pid}").split()[0])
@@ -108,11 +108,11 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
 
         tmux.start("second", [*console, "attach", str(run_dir)])
         first = tmux.wait("second", lambda s: "live pid" in s and "step" in s, "the re-attached live run")
-        before = re.search(r"epoch \d+/5  step \d+/\d+", first).group(0)
+        before = re.search(r"epochs done \d+/5  step \d+/\d+", first).group(0)
         after = tmux.wait(
             "second",
             lambda s: (
-                (m := re.search(r"epoch \d+/5  step \d+/\d+", s)) is not None
+                (m := re.search(r"epochs done \d+/5  step \d+/\d+", s)) is not None
                 and m.group(0) != before
                 or "finished" in s
             ),

@@ -177,7 +177,9 @@ class RunScreen(Screen):
         if best is not None:
             line.append(f"  best mAP50-95 {best.map:.3f} (epoch {best.epoch + 1})")
         if s.end is not None and self.status != LIVE:
-            line.append(f"  {s.end['epochs_done']} epoch(s) in {duration(s.end['time_s'])}")
+            # the count and the time cover the same span: every process that trained the run
+            parts = f" over {s.starts} processes" if s.starts > 1 else ""
+            line.append(f"  epochs done {s.end['epochs_done']}/{s.epochs} in {duration(s.train_time_s)}{parts}")
         if self.status in RESUMABLE and supervisor.last_checkpoint(self.run_dir).is_file():
             ck = s.checkpoint
             at = f" (epoch {ck['epoch'] + 1}, step {ck['step']})" if ck else ""
@@ -274,7 +276,7 @@ class RunScreen(Screen):
         ladder = self.app.stop_ladder
         later = "; ".join(
             f"{sig.name} if it is still running {wait:.0f} s later"
-            for (sig, _), (_, wait) in zip(ladder[1:], ladder[:-1])
+            for (sig, _), (_, wait) in zip(ladder[1:], ladder[:-1], strict=True)
         )
         detail = (
             f"{ladder[0][0].name} now: the trainer saves weights/last.pt and ends with status "

@@ -23,7 +23,8 @@ class ProgressPanel(Widget):
         s = self.state
         if s.start is None:
             return "waiting for the trainer's first event (it imports torch and checks the dataset first)"
-        ep = f"epoch {min(s.epoch + 1, max(s.epochs, 1))}/{s.epochs}  step {s.step}/{s.steps}"
+        # the run list's convention: epochs completed (the step is the current epoch's)
+        ep = f"epochs done {s.epochs_done}/{s.epochs}  step {s.step}/{s.steps}"
         pct = f"{s.fraction * 100:3.0f}%"
         last = s.last_step
         eta = "" if s.end is not None or last is None else f"  ETA {s.eta.text()}"
