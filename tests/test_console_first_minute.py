@@ -224,3 +224,37 @@ def test_a_resumed_run_counts_epochs_done_and_their_time_alike_in_the_list_and_t
     assert "epochs done=2/30" in row
     assert "interrupted" in status and "epochs done 2/30 in 0:58 over 2 processes" in status  # 34 s + 24 s
     assert progress.startswith("epochs done 2/30  ")
+
+
+def test_long_log_lines_wrap_at_80_columns_and_w_toggles_it(tmp_path):
+    from libreyolo_console.widgets.log_tail import LogTail
+
+    run_dir = tmp_path / "runs" / "exp"
+    run_dir.mkdir(parents=True)
+    _resumed_run(run_dir)
+    long = "warning: " + " ".join(f"word{i}" for i in range(40)) + " END"  # about 280 characters
+    (run_dir / "stdout.log").write_text(f"short line\n{long}\n")
+
+    async def run() -> None:
+        app = ConsoleApp(project=tmp_path / "runs", attach=run_dir, gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run view")
+            screen = app.screen
+            assert not screen.check_action("wrap", ())  # not on the overview: the footer does not offer it
+            await pilot.press("6")
+            log = screen.query_one(LogTail)
+            await until(pilot, lambda: len(log.kept) == 2 and log.lines, "the log lines")
+            await pilot.pause(0.2)
+            assert screen.check_action("wrap", ())
+            shown = [strip.text.rstrip() for strip in log.lines]
+            assert log.virtual_size.width <= log.scrollable_content_region.width  # nothing to scroll sideways
+            assert len(shown) > 3 and shown[-1].endswith("END") and "".join(shown).count("word") == 40
+            await pilot.press("w")
+            await pilot.pause(0.2)
+            assert not log.wrap and [s.text.rstrip() for s in log.lines] == ["short line", long]
+            assert log.virtual_size.width > 80
+            await pilot.press("w")
+            await pilot.pause(0.2)
+            assert log.wrap and log.virtual_size.width <= log.scrollable_content_region.width
+
+    asyncio.run(run())

@@ -62,6 +62,7 @@ class RunScreen(Screen):
         *[Binding(str(i + 1), f"tab('{t}')", "Panels", key_display="1-6", show=i == 0) for i, t in enumerate(TABS)],
         Binding("escape", "runs", "Runs"),
         Binding("n", "new_run", "New run"),
+        Binding("w", "wrap", "Wrap"),  # (shown on the log panel, where it acts)
     ]
     # wide terminals show losses and metrics side by side; tall ones add the epoch table to the overview
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
@@ -257,11 +258,21 @@ class RunScreen(Screen):
             return self.status == LIVE and not self.stopping
         if action == "resume":
             return self.status in RESUMABLE
+        if action == "wrap":
+            return self.query_one(TabbedContent).active == "log"
         return True
 
     # --- actions ------------------------------------------------------------------------------------
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
+        self.refresh_bindings()
+
+    def on_tabbed_content_tab_activated(self, _: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()  # w (wrap) shows on the log panel only
+
+    def action_wrap(self) -> None:
+        wrapping = self.query_one(LogTail).toggle_wrap()
+        self.notify("long log lines wrap" if wrapping else "long log lines scroll sideways", timeout=2)
 
     def action_runs(self) -> None:
         self.app.show_runs()

@@ -1,11 +1,13 @@
-"""Log: the tail of the run's stdout.log (what `libreyolo train` printed), followed live."""
+"""Log: the tail of the run's stdout.log (what `libreyolo train` printed), followed live. Long lines wrap at the
+panel's width (w toggles: one line per line, scrolled sideways)."""
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 from rich.text import Text
-from textual.widgets import Log
+from textual.widgets import RichLog
 
 from libreyolo_console.tail import LineBatch, LineTail
 
@@ -25,12 +27,31 @@ def last_lines(path: str | Path, n: int = 12) -> list[str]:
     return [clean(line) for line in LineTail(path, from_end=16 << 10).read().lines][-n:]
 
 
-class LogTail(Log):
-    def __init__(self, **kw: object) -> None:
-        super().__init__(max_lines=5000, highlight=False, **kw)
+MAX_LINES = 5000
+
+
+class LogTail(RichLog):
+    def __init__(self, wrap: bool = True, **kw: object) -> None:
+        super().__init__(max_lines=MAX_LINES, wrap=wrap, highlight=False, markup=False, **kw)
+        self.kept: deque[str] = deque(maxlen=MAX_LINES)  # the lines as read: a wrap toggle lays them out again
+
+    def write_line(self, line: str) -> None:
+        self.kept.append(line)
+        self.write(Text(line), scroll_end=True)
 
     def add_batch(self, batch: LineBatch) -> None:
         if batch.reset:
+            self.kept.clear()
             self.clear()
-        if batch.lines:
-            self.write_lines([clean(line) for line in batch.lines])
+        for line in batch.lines:
+            self.write_line(clean(line))
+
+    def toggle_wrap(self) -> bool:
+        """Wrap long lines, or give each its own line (scrolled sideways); -> wrapping now."""
+        self.wrap = not self.wrap
+        lines = list(self.kept)
+        self.kept.clear()
+        self.clear()
+        for line in lines:
+            self.write_line(line)
+        return self.wrap
