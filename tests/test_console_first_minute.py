@@ -258,3 +258,18 @@ def test_long_log_lines_wrap_at_80_columns_and_w_toggles_it(tmp_path):
             assert log.wrap and log.virtual_size.width <= log.scrollable_content_region.width
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:0"])
+def test_empty_panels_say_what_would_fill_them(device):
+    from libreyolo_console.state import RunState
+    from libreyolo_console.widgets import graph_log, verdict, vram
+
+    s = RunState()
+    s.start = {"device": device, "config": {"profile": False}}
+    on_cpu = device == "cpu"
+    assert ("profile=true" in verdict.empty_hint(s)) and ("works on cpu" in verdict.empty_hint(s)) == on_cpu
+    assert ("CUDA graphs run on NVIDIA GPUs, and this run is on cpu" in graph_log.empty_hint(s)) == on_cpu
+    assert ("VRAM is a GPU's memory, and this run is on cpu" in vram.empty_hint(s)) == on_cpu
+    s.start["config"]["profile"] = True  # asked for: the verdict comes after the window
+    assert verdict.empty_hint(s) == verdict.WAITING
