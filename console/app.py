@@ -64,13 +64,16 @@ def farewell(live: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def load_form() -> list[str]:
-    """The heavy part of the new-run form, run in a worker thread at start-up: its module (TrainConfig, hence
-    the family registry and torch: seconds on a cold start) and the model names it suggests."""
+def load_form() -> tuple[list[str], bool]:
+    """The heavy part of the new-run form, run in a thread at start-up: its module (TrainConfig, hence the family
+    registry and torch: seconds on a cold start), the model names it suggests, and whether a CUDA device is there
+    (the demo then profiles a window of its steps, so every panel has something to show)."""
+    import torch
+
     import libreyolo_console.screens.new_run  # noqa: F401  (imported here for its cost, used once loaded)
     from libreyolo.families import model_names
 
-    return model_names()
+    return model_names(), torch.cuda.is_available()
 
 
 class GpuSampled(Message):
@@ -80,9 +83,9 @@ class GpuSampled(Message):
 
 
 class FormLoaded(Message):
-    def __init__(self, names: list[str] | None, error: str | None = None) -> None:
+    def __init__(self, names: list[str] | None, cuda: bool = False, error: str | None = None) -> None:
         super().__init__()
-        self.names, self.error = names, error
+        self.names, self.cuda, self.error = names, cuda, error
 
 
 class ConsoleApp(App[None]):
@@ -115,6 +118,7 @@ class ConsoleApp(App[None]):
         self._requested_theme = theme
         self.model_names: list[str] | None = None  # set once the new-run form's modules are imported
         self.form_error: str | None = None
+        self.demo_suggests: dict[str, str] = {}  # the demo's values beyond the trainer's defaults (GPU: profile)
         self.goodbye = ""  # what main() prints once the terminal is restored (how to re-attach to live runs)
 
     def on_mount(self) -> None:
@@ -172,12 +176,13 @@ class ConsoleApp(App[None]):
     # --- the new-run form's modules, imported in a worker -------------------------------------------------
     def _load_form(self) -> None:
         try:
-            self.post_message(FormLoaded(load_form()))
-        except Exception as e:  # shown on the loading screen rather than lost in a worker
-            self.post_message(FormLoaded(None, f"{type(e).__name__}: {e}"))
+            self.post_message(FormLoaded(*load_form()))
+        except Exception as e:  # shown on the loading screen rather than lost in a thread
+            self.post_message(FormLoaded(None, error=f"{type(e).__name__}: {e}"))
 
     def on_form_loaded(self, message: FormLoaded) -> None:
         self.model_names, self.form_error = message.names, message.error
+        self.demo_suggests = {"profile": "true"} if message.cuda else {}
         waiting = self.screen
         if not isinstance(waiting, FormLoading):
             return
@@ -192,7 +197,7 @@ class ConsoleApp(App[None]):
     def _form(self) -> NewRunScreen:
         from libreyolo_console.screens.new_run import NewRunScreen
 
-        return NewRunScreen(self.project, self.model_names or [])
+        return NewRunScreen(self.project, self.model_names or [], self.demo_suggests)
 
     # --- navigation -----------------------------------------------------------------------------------
     def open_run(self, run_dir: Path) -> None:

@@ -273,3 +273,24 @@ def test_empty_panels_say_what_would_fill_them(device):
     assert ("VRAM is a GPU's memory, and this run is on cpu" in vram.empty_hint(s)) == on_cpu
     s.start["config"]["profile"] = True  # asked for: the verdict comes after the window
     assert verdict.empty_hint(s) == verdict.WAITING
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_demo_profiles_a_window_when_a_gpu_is_there(tmp_path, monkeypatch, tiny_data, cuda):
+    """On a GPU the demo fills every panel: its form suggests profile=true (spelled out in the command);
+    a dataset of the user's own goes back to the trainer's defaults. Without CUDA nothing changes."""
+    monkeypatch.setattr(console_app, "load_form", lambda: (libreyolo.families.model_names(), cuda))
+
+    async def run() -> None:
+        app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the form")
+            form = app.screen.query_one("#form")
+            command = lambda: str(app.screen.query_one("#command").render())  # noqa: E731
+            assert form.values()["profile"] == ("true" if cuda else "false")
+            assert command().startswith("$ libreyolo train profile=true\n" if cuda else "$ libreyolo train\n")
+            form.set_value("data", str(tiny_data))
+            await pilot.pause(0.1)
+            assert form.values()["profile"] == "false" and "profile=" not in command()
+
+    asyncio.run(run())
