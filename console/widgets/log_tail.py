@@ -31,8 +31,8 @@ MAX_LINES = 5000
 
 
 class LogTail(RichLog):
-    def __init__(self, wrap: bool = True, **kw: object) -> None:
-        super().__init__(max_lines=MAX_LINES, wrap=wrap, highlight=False, markup=False, **kw)
+    def __init__(self, wrap: bool = True, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(max_lines=MAX_LINES, wrap=wrap, highlight=False, markup=False, id=id, classes=classes)
         self.kept: deque[str] = deque(maxlen=MAX_LINES)  # the lines as read: a wrap toggle lays them out again
 
     def write_line(self, line: str) -> None:
