@@ -183,11 +183,14 @@ class ConsoleApp(App[None]):
     def on_form_loaded(self, message: FormLoaded) -> None:
         self.model_names, self.form_error = message.names, message.error
         self.demo_suggests = {"profile": "true"} if message.cuda else {}
-        waiting = self.screen
-        if not isinstance(waiting, FormLoading):
-            return
-        if message.error is not None:
-            waiting.error = message.error
+        if isinstance(self.screen, FormLoading):
+            self.form_ready(self.screen)
+        # (under a dialog, e.g. the command palette, the loading screen calls form_ready when it is back on top)
+
+    def form_ready(self, waiting: FormLoading) -> None:
+        """Replace the loading screen by the form (or say why it cannot load) and hand it the keys kept."""
+        if self.form_error is not None:
+            waiting.error = self.form_error
             waiting.show_note()
             return
         self.switch_screen(self._form())

@@ -294,3 +294,17 @@ def test_the_demo_profiles_a_window_when_a_gpu_is_there(tmp_path, monkeypatch, t
             assert form.values()["profile"] == "false" and "profile=" not in command()
 
     asyncio.run(run())
+
+
+def test_the_form_opens_when_a_dialog_over_the_loading_screen_closes(tmp_path, slow_import):
+    async def run() -> None:
+        app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, FormLoading), "the loading screen", 2)
+            await pilot.press("ctrl+p")  # the command palette over it while the import finishes
+            await until(pilot, lambda: app.model_names is not None, "the import", LOAD_S + 10)
+            assert not isinstance(app.screen, (FormLoading, NewRunScreen))
+            await pilot.press("escape")
+            await until(pilot, lambda: isinstance(app.screen, NewRunScreen), "the form", 5)
+
+    asyncio.run(run())

@@ -4,6 +4,8 @@ escape goes back to where the user was."""
 
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,6 +15,15 @@ from textual.widgets import Footer, Header, Static
 # keys that act here and now rather than being kept for the form (the app's own bindings among them)
 NOT_QUEUED = frozenset({"escape", "q", "t", "ctrl+p", "ctrl+c", "ctrl+q"})
 LOADING = "loading the new-run form (importing torch and the model families)…"
+
+
+class FormHost(Protocol):
+    """What this screen needs of the app (ConsoleApp, which imports this module)."""
+
+    model_names: list[str] | None
+    form_error: str | None
+
+    def form_ready(self, waiting: FormLoading) -> None: ...
 
 
 class FormLoading(Screen[None]):
@@ -31,6 +42,12 @@ class FormLoading(Screen[None]):
     def on_mount(self) -> None:
         self.sub_title = "new run"
         self.show_note()
+
+    def on_screen_resume(self) -> None:
+        """Back on top after a dialog: the modules may have finished loading meanwhile."""
+        host = cast(FormHost, self.app)
+        if (host.model_names is not None or host.form_error is not None) and self.is_current:
+            self.call_later(host.form_ready, self)
 
     def show_note(self) -> None:
         note = self.query_one("#loading-note", Static)
