@@ -173,7 +173,7 @@ class ConsoleApp(App[None]):
         self.goodbye = farewell(self.live_runs())
         self.exit()
 
-    # --- the new-run form's modules, imported in a worker -------------------------------------------------
+    # --- the new-run form's modules, imported in a thread -------------------------------------------------
     def _load_form(self) -> None:
         try:
             self.post_message(FormLoaded(*load_form()))
