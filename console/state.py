@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from libreyolo.eta import EtaEstimator
+
 MAX_POINTS = 2000  # loss-curve points kept; older ones are thinned so a week-long run stays cheap to plot
 
 
@@ -52,13 +54,17 @@ class RunState:
     t0: float | None = None  # time of the file's first event: graph lines are timed from it
     last_t: float | None = None  # time of the newest event (heartbeats included)
     bad_lines: int = 0
+    eta: EtaEstimator = field(default_factory=EtaEstimator)  # "estimating…", then a range (libreyolo.eta)
+    trained_s: float = 0.0  # wall time of the processes that ended (run_end.time_s, or their events' span)
+    _part_t0: float | None = None  # run_start time of the process still open (no run_end yet)
+    _before: float | None = None  # the newest event's time before the one being applied
     _declared: bool = False  # terms came from a run_start (v2): the losses dicts no longer add any
     _thin: int = 1  # keep every _thin-th step event once MAX_POINTS was reached
     _seen: int = 0
 
     def apply(self, events: list[dict[str, Any]]) -> None:
         for e in events:
-            self.last_t = e.get("t", self.last_t)
+            self._before, self.last_t = self.last_t, e.get("t", self.last_t)
             if self.t0 is None:
                 self.t0 = self.last_t
             handler = getattr(self, "_on_" + str(e.get("type")), None)
@@ -70,12 +76,16 @@ class RunState:
 
     # --- handlers -----------------------------------------------------------------------------------
     def _on_run_start(self, e: dict[str, Any]) -> None:
+        if self._part_t0 is not None and self._before is not None:  # the previous process died without run_end
+            self.trained_s += max(self._before - self._part_t0, 0.0)
+        self._part_t0 = float(e["t"])
         self.start, self.end, self.last_step = e, None, None
         self.starts += 1
         self.epochs = e["epochs"]
         self.epoch = e["start_epoch"]
         self.steps = e["steps_per_epoch"]
         self.step = 0
+        self.eta.reset()  # a resumed process warms up again
         terms = e.get("loss_terms")  # absent in version-1 files
         if isinstance(terms, list) and terms:
             self.terms, self._declared = tuple(map(str, terms)), True
@@ -92,6 +102,7 @@ class RunState:
     def _on_step(self, e: dict[str, Any]) -> None:
         self.last_step = e
         self.epoch, self.step, self.steps = e["epoch"], e["step"], e["steps"]
+        self.eta.update(e["epoch"], e["step"], e["steps"], self.epochs, float(e["eta_s"]))
         lo = e["losses"]
         x = e["epoch"] + e["step"] / max(e["steps"], 1)
         if self.losses and x < self.losses[-1][0]:
@@ -140,11 +151,19 @@ class RunState:
 
     def _on_run_end(self, e: dict[str, Any]) -> None:
         self.end = e
+        self.trained_s += float(e["time_s"])
+        self._part_t0 = None
 
     # --- derived ------------------------------------------------------------------------------------
     @property
     def epochs_done(self) -> int:
         return max((r.epoch + 1 for r in self.rows.values() if r.time_s is not None), default=0)
+
+    @property
+    def train_time_s(self) -> float:
+        """Wall time of every process that trained this run (resumes included): the span epochs_done covers."""
+        open_part = 0.0 if self._part_t0 is None or self.last_t is None else max(self.last_t - self._part_t0, 0.0)
+        return self.trained_s + open_part
 
     @property
     def best(self) -> EpochRow | None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from libreyolo import events as ev
+from libreyolo.eta import EtaEstimator
 
 
 def _interactive() -> bool:
@@ -30,7 +32,8 @@ class RichRenderer:
         self.console = console or Console(highlight=False, soft_wrap=True)
         self.plain_every_s = plain_every_s
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
+        self._eta = EtaEstimator()  # "estimating…" until the step rate is steady, then a range
         self._last_plain = 0.0
         self._epochs = 0
         self._terms: list[str] = []  # the family's loss terms, from run_start
@@ -48,6 +51,7 @@ class RichRenderer:
     # --- handlers -----------------------------------------------------------------------------------
     def _on_run_start(self, e: ev.RunStart) -> None:
         self._epochs, self._terms = e.epochs, list(e.loss_terms)
+        self._eta.reset()  # a resumed process warms up again
         c = self.console
         c.print(
             f"[bold]libreyolo[/] {e.model} ({e.params / 1e6:.2f}M params, {e.nc} classes) on {e.device}"
@@ -55,7 +59,8 @@ class RichRenderer:
         )
         c.print(f"  data {e.data}: {e.train_images} train / {e.val_images} val images, imgsz {e.imgsz}")
         c.print(
-            f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, {e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph_mode}"
+            f"  batch {e.batch} (per rank {e.batch_per_rank}, accumulate {e.accumulate}), workers {e.workers}, "
+            f"{e.optimizer}, amp {e.amp_dtype if e.amp else 'off'}, cuda_graph {e.cuda_graph_mode}"
         )
         c.print(f"  {e.cuda_graph_reason}")
         c.print(f"  run dir {e.run_dir}" + ("  [yellow](resumed)[/]" if e.resumed else ""))
@@ -71,16 +76,17 @@ class RichRenderer:
             BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TextColumn("{task.fields[stats]}"),
-            TimeRemainingColumn(),
+            TextColumn("eta {task.fields[eta]}"),
             console=self.console,
             transient=False,
         )
-        self._task = self._progress.add_task(desc, total=e.steps, stats="")
+        self._task = self._progress.add_task(desc, total=e.steps, stats="", eta=self._eta.text())
         self._progress.start()
 
     def _on_step(self, e: ev.Step) -> None:
-        l = e.losses  # empty until the epoch's first asynchronous read-back has landed
-        losses = " ".join(f"{k} {l[k]:.3f}" if k in l else f"{k} -" for k in self._terms or l)
+        self._eta.update(e.epoch, e.step, e.steps, self._epochs, e.eta_s)
+        lo = e.losses  # empty until the epoch's first asynchronous read-back has landed
+        losses = " ".join(f"{k} {lo[k]:.3f}" if k in lo else f"{k} -" for k in self._terms or lo)
         stats = f"{losses} | {e.img_s:.0f} img/s data {e.data_frac:.0%}" + (
             f" | {e.gpu_mem_gb:.1f}G" if e.gpu_mem_gb else ""
         )
@@ -89,10 +95,10 @@ class RichRenderer:
             if now - self._last_plain >= self.plain_every_s or e.step == e.steps:
                 self._last_plain = now
                 self.console.print(
-                    f"  [{e.epoch + 1}/{self._epochs}] {e.step}/{e.steps} {stats} eta {fmt_duration(e.eta_s)}"
+                    f"  [{e.epoch + 1}/{self._epochs}] {e.step}/{e.steps} {stats} eta {self._eta.text()}"
                 )
-        elif self._progress is not None:
-            self._progress.update(self._task, completed=e.step, stats=stats)
+        elif self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=e.step, stats=stats, eta=self._eta.text())
 
     def _on_val(self, e: ev.Val) -> None:
         self.close()
@@ -114,8 +120,8 @@ class RichRenderer:
     def _on_epoch_end(self, e: ev.EpochEnd) -> None:
         self.close()
         if self.plain:
-            l = e.losses
-            losses = " ".join(f"{k} {l.get(k, 0):.3f}" for k in self._terms or l)
+            lo = e.losses
+            losses = " ".join(f"{k} {lo.get(k, 0):.3f}" for k in self._terms or lo)
             self.console.print(f"  epoch {e.epoch + 1} done in {e.time_s:.1f}s ({e.img_s:.0f} img/s): {losses}")
 
     def _on_checkpoint(self, e: ev.Checkpoint) -> None:

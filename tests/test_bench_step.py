@@ -101,3 +101,20 @@ def test_only_kernels_are_counted_not_annotations_or_copies():
     assert r["gpu_busy_ms_per_step"] == r["kernel_time_sum_ms_per_step"] == 0.008 and r["gpu_busy_frac"] == 0.08
     assert r["copies_per_step"] == 2 and r["copy_time_ms_per_step"] == 0.003
     assert set(r["top_kernels"]) == {"conv_fprop", "conv_dgrad"}
+
+
+def test_bench_help_shows_the_defaults_the_benchmarks_run_with(capsys, monkeypatch):
+    """`bench step` runs batch 8 (TrainConfig says 16) and `bench val` LibreYOLO9t on shapes: --help says so."""
+    from libreyolo.bench import step, val
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert step.run(["--help"]) == 0
+    rows = _help_defaults(capsys.readouterr().out)
+    assert (rows["batch"], rows["imgsz"]) == ("8", "640")
+    assert val.run(["--help"]) == 0
+    rows = _help_defaults(capsys.readouterr().out)
+    assert (rows["model"], rows["data"], rows["imgsz"]) == ("'LibreYOLO9t'", "'shapes'", "640")
+
+
+def _help_defaults(out: str) -> dict[str, str]:
+    return {w[0]: w[1] for w in (line.split() for line in out.splitlines()[2:]) if len(w) > 1}

@@ -118,7 +118,7 @@ async def _start_and_quit(tiny_data, tmp_path, runs_started):
         assert screen.status == LIVE
         await pilot.pause(0.5)  # one redraw
         progress = str(screen.query_one(ProgressPanel).render())
-        assert re.search(rf"epoch \d+/{LIFECYCLE_EPOCHS}", progress) and "img/s" in progress
+        assert re.search(rf"epochs done \d+/{LIFECYCLE_EPOCHS}", progress) and "img/s" in progress
         assert screen.state.losses and "live" in str(screen.query_one("#run-status").render())
         await pilot.press("q")
     return run_dir

@@ -41,7 +41,8 @@ class FixedSampler:
         pass
 
 
-def _start(epochs: int, t: float = T0) -> ev.RunStart:
+def _start(epochs: int, t: float = T0, device: str = "cuda:0") -> ev.RunStart:
+    cpu = not device.startswith("cuda")
     return ev.RunStart(
         run_dir="runs/train/exp",
         model="LibreYOLO9s",
@@ -57,12 +58,14 @@ def _start(epochs: int, t: float = T0) -> ev.RunStart:
         accumulate=1,
         world_size=1,
         imgsz=640,
-        device="cuda:0",
-        amp=True,
-        amp_dtype="bfloat16",
+        device=device,
+        amp=not cpu,
+        amp_dtype="float32" if cpu else "bfloat16",
         cuda_graph="auto",
-        cuda_graph_mode="full",
-        cuda_graph_reason="cuda_graph=auto: the whole step in one graph (yolo9 supports it, one CUDA process)",
+        cuda_graph_mode="false" if cpu else "full",
+        cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu"
+        if cpu
+        else "cuda_graph=auto: the whole step in one graph (yolo9 supports it, one CUDA process)",
         loss_terms=list(TERMS),
         workers=8,
         optimizer="AdamW(lr=0.001429, momentum=0.9)",
@@ -78,7 +81,7 @@ def _start(epochs: int, t: float = T0) -> ev.RunStart:
 
 
 def _losses(f: float) -> dict[str, float]:
-    return dict(zip(TERMS, (1.2 * f, 2.0 * f, 1.5 * f)))
+    return dict(zip(TERMS, (1.2 * f, 2.0 * f, 1.5 * f), strict=True))
 
 
 def _finished_run(run_dir) -> None:
@@ -260,7 +263,7 @@ def _crashed_run(run_dir) -> None:
             epoch=0,
             step=20,
             steps=50,
-            losses=dict(zip(TERMS, (1.1, 2.2, 1.4))),
+            losses=dict(zip(TERMS, (1.1, 2.2, 1.4), strict=True)),
             lr=0.0005,
             img_s=1500.0,
             data_frac=0.05,
@@ -287,6 +290,42 @@ def _crashed_run(run_dir) -> None:
     )
 
 
+def _cpu_run(run_dir) -> None:
+    """A run on a machine without a GPU, mid-way: steps and an epoch, and no graph, vram or profile events."""
+    w = ev.EventWriter(run_dir / "events.jsonl")
+    w.write(_start(epochs=30, t=T0 + 200, device="cpu"))
+    w.write(ev.EpochStart(epoch=0, epochs=30, steps=50, mosaic=True, t=T0 + 201))
+    for step in range(10, 51, 10):
+        w.write(
+            ev.Step(
+                epoch=0,
+                step=step,
+                steps=50,
+                losses=_losses(1 / (1 + step / 50)),
+                lr=0.001,
+                img_s=12.0,
+                data_frac=0.1,
+                step_ms=5000.0,
+                gpu_mem_gb=0.0,
+                eta_s=7000.0,
+                t=T0 + 200 + step * 5,
+            )
+        )
+    w.write(
+        ev.RunEnd(
+            status="interrupted",
+            epochs_done=0,
+            best_fitness=None,
+            best=None,
+            last="runs/train/exp3/weights/last.pt",
+            time_s=260.0,
+            metrics={},
+            t=T0 + 460,
+        )
+    )
+    w.close()
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -298,7 +337,10 @@ def project(tmp_path, monkeypatch):
     for name, make in (("exp", _finished_run), ("exp2", _crashed_run)):
         (root / name).mkdir(parents=True)
         make(root / name)
-    for name in ("exp", "exp2"):
+    cpu = tmp_path / "cpu"  # outside the project: the run list's snapshots stay as they were
+    cpu.mkdir()
+    _cpu_run(cpu)
+    for name in ("exp", "exp2", "../../cpu"):
         for d in ev.read_events(root / name / "events.jsonl"):
             ev.validate_event(d)  # the fixtures are events the trainer could write today
     yield "runs/train"
@@ -375,3 +417,10 @@ def test_high_contrast_theme_with_no_color(snap_compare, project, monkeypatch):
         project=project, attach="runs/train/exp", gpu_sampler=FixedSampler(), theme="libreyolo-high-contrast"
     )
     assert snap_compare(app, terminal_size=SIZES["80x24"], run_before=_run_view())
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("tab", ["profiler", "graphs"])
+def test_cpu_run_panels_say_what_would_fill_them(snap_compare, project, tab, size):
+    app = ConsoleApp(project=project, attach="cpu", gpu_sampler=FixedSampler(devices=False))
+    assert snap_compare(app, terminal_size=SIZES[size], run_before=_run_view(tab))

@@ -32,14 +32,15 @@ class Tmux:
     def start(self, name: str, cmd: list[str]) -> None:
         self("new-session", "-d", "-s", name, "-x", "80", "-y", "24", " ".join(cmd))
 
-    def screen(self, name: str) -> str:
-        return self("capture-pane", "-p", "-t", name)
+    def screen(self, name: str, joined: bool = False) -> str:
+        """The pane's text; joined: lines the terminal wrapped are given back whole."""
+        return self("capture-pane", "-p", *(["-J"] if joined else []), "-t", name)
 
-    def wait(self, name: str, pred, what: str, timeout: float = 60.0) -> str:
+    def wait(self, name: str, pred, what: str, timeout: float = 60.0, joined: bool = False) -> str:
         deadline = time.monotonic() + timeout
         text = ""
         while time.monotonic() < deadline:
-            text = self.screen(name)
+            text = self.screen(name, joined)
             if pred(text):
                 return text
             time.sleep(0.3)
@@ -53,6 +54,28 @@ def _form_field(screen: str, key: str) -> str:
     """The text in a form field (not the help beside it, which may contain the same words)."""
     row = next((line for line in screen.splitlines() if line.startswith(f" {key} ")), "")
     return row[13:39].strip()
+
+
+def _fill_form(tmux: Tmux, name: str, data, epochs: int) -> None:
+    """From the model field, tab to each field, clear it and type its value, as a person would."""
+    for key, value in (
+        ("data", str(data)),
+        ("epochs", str(epochs)),
+        ("batch", "8"),
+        ("imgsz", "64"),
+        ("device", "cpu"),
+    ):
+        tmux.keys(name, "Tab")
+        tmux.wait(name, lambda s, k=key: f" {k}: " in s, f"focus on {key}")
+        tmux.keys(name, "C-u")
+        # Textual runs a key binding's action after already-queued characters: wait for the clear
+        tmux.wait(name, lambda s, k=key: not _form_field(s, k), f"{key} cleared")
+        tmux.keys(name, value, literal=True)
+        tmux.wait(
+            name,
+            lambda s, k=key, v=value: v.endswith(_form_field(s, k)) and _form_field(s, k),
+            f"{key}={value} in the form",
+        )
 
 
 def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tmp_path):
@@ -69,24 +92,7 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
         tmux.keys("first", "Tab")
         tmux.keys("first", "Tab")
         tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
-        for key, value in (
-            ("data", str(tiny_data)),
-            ("epochs", "5"),
-            ("batch", "8"),
-            ("imgsz", "64"),
-            ("device", "cpu"),
-        ):
-            tmux.keys("first", "Tab")
-            tmux.wait("first", lambda s, k=key: f" {k}: " in s, f"focus on {key}")
-            tmux.keys("first", "C-u")
-            # Textual runs a key binding's action after already-queued characters: wait for the clear
-            tmux.wait("first", lambda s, k=key: not _form_field(s, k), f"{key} cleared")
-            tmux.keys("first", value, literal=True)
-            tmux.wait(
-                "first",
-                lambda s, k=key, v=value: v.endswith(_form_field(s, k)) and _form_field(s, k),
-                f"{key}={value} in the form",
-            )
+        _fill_form(tmux, "first", tiny_data, epochs=5)
         tmux.keys("first", "C-s")
         screen = tmux.wait(
             "first",
@@ -94,7 +100,7 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
             "the run view with a first step",
             120,
         )
-        assert re.search(r"epoch [12]/5", screen), screen
+        assert re.search(r"epochs done [01]/5", screen), screen
         run_dir = next(p for p in project.iterdir() if p.is_dir())
         rec = read_record(run_dir)
         console_pid = int(tmux("list-panes", "-t", "first", "-F", "#{pane_pid}").split()[0])
@@ -108,11 +114,11 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
 
         tmux.start("second", [*console, "attach", str(run_dir)])
         first = tmux.wait("second", lambda s: "live pid" in s and "step" in s, "the re-attached live run")
-        before = re.search(r"epoch \d+/5  step \d+/\d+", first).group(0)
+        before = re.search(r"epochs done \d+/5  step \d+/\d+", first).group(0)
         after = tmux.wait(
             "second",
             lambda s: (
-                (m := re.search(r"epoch \d+/5  step \d+/\d+", s)) is not None
+                (m := re.search(r"epochs done \d+/5  step \d+/\d+", s)) is not None
                 and m.group(0) != before
                 or "finished" in s
             ),
@@ -125,6 +131,86 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
         tmux("kill-server")
         if run_dir is not None:
             rec = read_record(run_dir)
+            if rec is not None and record_alive(rec):
+                os.killpg(rec.pgid, signal.SIGKILL)
+
+
+PROGRESS = re.compile(r"epochs done \d+/\d+  step \d+/\d+")
+
+
+def test_two_live_runs_outlive_the_console_and_each_reattaches_from_the_list(tiny_data, tmp_path):
+    """Two runs started from one console, its tmux session killed: both keep training, a new console lists
+    both live, and re-attaches to each in turn (each one's own pid, each progressing); quitting it prints
+    the command that re-attaches to each."""
+    env = {**os.environ, "LIBREYOLO_CONSOLE_CONFIG": str(tmp_path / "console.yaml"), "TERM": "xterm-256color"}
+    env.pop("TMUX", None)
+    tmux = Tmux(env)
+    project = tmp_path / "runs"
+    console = [sys.executable, "-m", "libreyolo_console", "--project", str(project)]
+    try:
+        tmux.start("first", console)
+        for i in range(2):
+            if i:
+                tmux.keys("first", "n")  # from the first run's view
+            tmux.wait("first", lambda s: "$ libreyolo train" in s and "Start" in s, "the new-run form")
+            tmux.keys("first", "Tab")
+            tmux.keys("first", "Tab")
+            tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
+            _fill_form(tmux, "first", tiny_data, epochs=20)  # long enough to outlive the rest of the test
+            tmux.keys("first", "C-s")
+            tmux.wait(
+                "first",
+                lambda s, n=i: f"— exp{n + 1 if n else ''}" in s and "live pid" in s and PROGRESS.search(s),
+                f"run {i + 1}'s view with a first step",
+                120,
+            )
+        recs = {p.name: read_record(p) for p in project.iterdir()}
+        assert sorted(recs) == ["exp", "exp2"]
+        console_pid = int(tmux("list-panes", "-t", "first", "-F", "#{pane_pid}").split()[0])
+
+        tmux("kill-session", "-t", "first")  # the SSH connection drops
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _exists(console_pid):
+            time.sleep(0.1)
+        assert not _exists(console_pid), "the console survived its terminal"
+        assert all(record_alive(r) for r in recs.values()), "a run died with the console's terminal"
+
+        tmux.start("second", console)  # the run list, both live
+        tmux("set-option", "-t", "second", "remain-on-exit", "on")  # keep what it prints after quitting
+        tmux.wait("second", lambda s: len(re.findall(r"exp2? +live", s)) == 2, "both runs live in the list")
+        seen = set()
+        for row in range(2):
+            if row:
+                tmux.keys("second", "Down")
+            tmux.keys("second", "Enter")
+            first = tmux.wait("second", lambda s: "live pid" in s and PROGRESS.search(s), "a re-attached run")
+            pid = int(re.search(r"live pid (\d+)", first).group(1))
+            before = PROGRESS.search(first).group(0)
+            tmux.wait(
+                "second",
+                lambda s, b=before: (m := PROGRESS.search(s)) is not None and m.group(0) != b,
+                f"run of pid {pid} to progress in the new console",
+                120,
+            )
+            seen.add(pid)
+            tmux.keys("second", "Escape")
+            tmux.wait("second", lambda s: "Runs under" in s, "the run list again")
+        assert seen == {r.pid for r in recs.values()}  # each run re-attached, not one of them twice
+
+        tmux.keys("second", "q")
+        said = tmux.wait(
+            "second",
+            lambda s: "keep training" in s,
+            "the re-attach commands printed after quitting",
+            joined=True,
+        )
+        for name in recs:
+            assert f"libreyolo-console attach {project / name}" in said, said
+        assert all(record_alive(r) for r in recs.values()), "quitting stopped a run"
+    finally:
+        tmux("kill-server")
+        for d in project.iterdir() if project.exists() else ():
+            rec = read_record(d)
             if rec is not None and record_alive(rec):
                 os.killpg(rec.pgid, signal.SIGKILL)
 

@@ -28,15 +28,16 @@ class NewRunScreen(Screen):
         Binding("escape", "back", "Back"),
     ]
 
-    def __init__(self, project: Path, model_names: list[str]) -> None:
+    def __init__(self, project: Path, model_names: list[str], demo: dict[str, str] | None = None) -> None:
         super().__init__()
         self.project = project
         self.model_names = model_names
+        self.demo = demo or {}
         self.args: list[str] | None = []
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="")
-        yield RunForm(self.model_names, id="form")
+        yield RunForm(self.model_names, demo=self.demo, id="form")
         yield Static(id="form-hint")
         yield Static(id="command")
         yield Static(id="form-error")

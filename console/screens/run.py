@@ -62,6 +62,7 @@ class RunScreen(Screen):
         *[Binding(str(i + 1), f"tab('{t}')", "Panels", key_display="1-6", show=i == 0) for i, t in enumerate(TABS)],
         Binding("escape", "runs", "Runs"),
         Binding("n", "new_run", "New run"),
+        Binding("w", "wrap", "Wrap"),  # (shown on the log panel, where it acts)
     ]
     # wide terminals show losses and metrics side by side; tall ones add the epoch table to the overview
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
@@ -177,7 +178,9 @@ class RunScreen(Screen):
         if best is not None:
             line.append(f"  best mAP50-95 {best.map:.3f} (epoch {best.epoch + 1})")
         if s.end is not None and self.status != LIVE:
-            line.append(f"  {s.end['epochs_done']} epoch(s) in {duration(s.end['time_s'])}")
+            # the count and the time cover the same span: every process that trained the run
+            parts = f" over {s.starts} processes" if s.starts > 1 else ""
+            line.append(f"  epochs done {s.end['epochs_done']}/{s.epochs} in {duration(s.train_time_s)}{parts}")
         if self.status in RESUMABLE and supervisor.last_checkpoint(self.run_dir).is_file():
             ck = s.checkpoint
             at = f" (epoch {ck['epoch'] + 1}, step {ck['step']})" if ck else ""
@@ -255,11 +258,21 @@ class RunScreen(Screen):
             return self.status == LIVE and not self.stopping
         if action == "resume":
             return self.status in RESUMABLE
+        if action == "wrap":
+            return self.query_one(TabbedContent).active == "log"
         return True
 
     # --- actions ------------------------------------------------------------------------------------
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
+        self.refresh_bindings()
+
+    def on_tabbed_content_tab_activated(self, _: TabbedContent.TabActivated) -> None:
+        self.refresh_bindings()  # w (wrap) shows on the log panel only
+
+    def action_wrap(self) -> None:
+        wrapping = self.query_one(LogTail).toggle_wrap()
+        self.notify("long log lines wrap" if wrapping else "long log lines scroll sideways", timeout=2)
 
     def action_runs(self) -> None:
         self.app.show_runs()
@@ -274,7 +287,7 @@ class RunScreen(Screen):
         ladder = self.app.stop_ladder
         later = "; ".join(
             f"{sig.name} if it is still running {wait:.0f} s later"
-            for (sig, _), (_, wait) in zip(ladder[1:], ladder[:-1])
+            for (sig, _), (_, wait) in zip(ladder[1:], ladder[:-1], strict=True)
         )
         detail = (
             f"{ladder[0][0].name} now: the trainer saves weights/last.pt and ends with status "

@@ -4,11 +4,10 @@ pair in both plots and in the table's run column), so they read apart with NO_CO
 from __future__ import annotations
 
 from textual.app import App
-from textual.color import Color
 from textual_plotext import PlotextPlot
 
 from libreyolo_console.compare import Curve
-from libreyolo_console.widgets.plots import _PLAIN_MARKERS, _THEME_COLORS
+from libreyolo_console.widgets.plots import series_styles
 
 RGB = tuple[int, int, int]
 # (run's index among the compared runs, run name, its curve)
@@ -16,10 +15,8 @@ Series = tuple[int, str, Curve]
 
 
 def run_styles(app: App[object], n: int) -> list[tuple[str, RGB]]:
-    """(marker, colour) of each of n runs; both cycle past six runs, offset so the pairs still differ."""
-    variables = app.theme_variables
-    colors = [Color.parse(variables.get(name, "white")).rgb for name in _THEME_COLORS]
-    return [(_PLAIN_MARKERS[i % len(_PLAIN_MARKERS)], colors[(i + i // len(colors)) % len(colors)]) for i in range(n)]
+    """(marker, colour) of each of n runs, as the run view's curves get them."""
+    return series_styles(app, n)
 
 
 class ComparePlot(PlotextPlot):

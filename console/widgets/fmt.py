@@ -3,6 +3,8 @@ still read correctly with NO_COLOR or on a 16-colour terminal."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from libreyolo.render import fmt_duration
 
 
@@ -38,3 +40,11 @@ def mb(v: float | None) -> str:
     if v is None:
         return "-"
     return f"{v / 1024:.1f} GB" if abs(v) >= 1024 else f"{v:.0f} MB"
+
+
+def off_gpu(start: dict[str, Any] | None) -> str | None:
+    """The device of a run that trains without CUDA (cpu, mps), for the panels only a GPU fills; else None."""
+    if start is None:
+        return None
+    device = str(start.get("device", ""))
+    return None if device.startswith("cuda") or not device else device

@@ -14,9 +14,22 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from libreyolo_console.state import RunState
-from libreyolo_console.widgets.fmt import mb
+from libreyolo_console.widgets.fmt import mb, off_gpu
 
 EMPTY = "No CUDA-graph events: an eager run has none; a graph run reports its first capture after a few steps."
+
+
+def empty_hint(state: RunState) -> str:
+    device = off_gpu(state.start)
+    if device is None:
+        return EMPTY
+    return (
+        f"No CUDA-graph events: CUDA graphs run on NVIDIA GPUs, and this run is on {device}, so it trains eager. "
+        "On a GPU, cuda_graph=auto (the default) captures the step, and every capture, fallback and re-capture "
+        "is listed here with its shape and reason."
+    )
+
+
 # Failures stand out by a word as well as a colour.
 ACTION_STYLE = {
     "capture": "green",
@@ -52,7 +65,10 @@ def mode_line(state: RunState) -> str:
         return "cuda_graph: the run has not started yet"
     asked, mode = _modes(state.start)
     if mode is None:
-        return f"cuda_graph {asked}: the key as given (this run's events file, version 1, does not say which mode it used or why)"
+        return (
+            f"cuda_graph {asked}: the key as given "
+            "(this run's events file, version 1, does not say which mode it used or why)"
+        )
     reason = str(state.start.get("cuda_graph_reason", "")).removeprefix(f"cuda_graph={asked}: ")
     line = f"cuda_graph {mode}" + (f" ({asked})" if asked != mode else "") + (f": {reason}" if reason else "")
     fb = state.fallback
@@ -88,7 +104,7 @@ def _fields(state: RunState, g: dict[str, Any]) -> tuple[str, ...]:
 
 def graph_table(state: RunState) -> Table:
     t = Table(box=None, padding=(0, 1), header_style="bold", expand=True)
-    for name, right in zip(HEADER, _RIGHT):
+    for name, right in zip(HEADER, _RIGHT, strict=True):
         t.add_column(name, justify="right" if right else "left", no_wrap=True)
     t.add_column("reason", ratio=1)
     for g in state.graphs:
@@ -101,17 +117,17 @@ def graph_lines(state: RunState) -> Group:
     """For narrow terminals: the same columns, each event's reason on the line below it (a reason
     column would be a few characters wide at 80 columns)."""
     rows = [_fields(state, g) for g in state.graphs]
-    widths = [max(map(len, col)) for col in zip(HEADER, *rows)]
+    widths = [max(map(len, col)) for col in zip(HEADER, *rows, strict=True)]
 
     def line(cells: tuple[str, ...], style: str = "") -> Text:
         t = Text(" ")
-        for i, (c, w, right) in enumerate(zip(cells, widths, _RIGHT)):
+        for i, (c, w, right) in enumerate(zip(cells, widths, _RIGHT, strict=True)):
             t.append(c.rjust(w) if right else c.ljust(w), style or (ACTION_STYLE.get(c, "") if i == 1 else ""))
             t.append("  ")
         return t
 
     out: list[Any] = [line(HEADER, "bold")]
-    for g, cells in zip(state.graphs, rows):
+    for g, cells in zip(state.graphs, rows, strict=True):
         out += [line(cells), Padding(Text(g["reason"]), (0, 0, 0, widths[0] + 3))]
     return Group(*out)
 
@@ -137,6 +153,6 @@ class GraphLog(VerticalScroll):
             return
         self._shown = (line, len(state.graphs), wide)
         self.query_one("#graph-mode", Static).update(Text(line))
-        body = EMPTY if not state.graphs else graph_table(state) if wide else graph_lines(state)
+        body = empty_hint(state) if not state.graphs else graph_table(state) if wide else graph_lines(state)
         self.query_one("#graph-body", Static).update(body)
         self.call_after_refresh(self.scroll_end, animate=False)  # the newest events (once the new content is laid out)

@@ -2,16 +2,45 @@
 
 from __future__ import annotations
 
+from textual.app import App
 from textual.color import Color
 from textual_plotext import PlotextPlot
 
 from libreyolo_console.state import RunState
 
-# With NO_COLOR every curve is the same colour, so each gets its own marker character instead.
-_PLAIN_MARKERS = ("+", "x", "o", "*", "#", "%")
+# Each curve has its own marker character as well as its own colour, so the curves and their legend read
+# without colour too (NO_COLOR, colour-blind eyes, a 16-colour terminal).
+MARKERS = ("+", "x", "o", "*", "#", "%")
 # Curve colours come from the app's theme, set explicitly: plotext's own colour sequence depends on global
 # state (which themes were registered first), which made the same screen render differently.
 _THEME_COLORS = ("primary", "warning", "success", "error", "accent", "secondary")
+
+
+def series_styles(app: App[object], n: int) -> list[tuple[str, tuple[int, int, int]]]:
+    """(marker, colour) for each of n curves in turn: the marker never depends on the colour mode, and past six
+    curves the colours are offset so that every pair still differs."""
+    variables = app.theme_variables
+    colors = [Color.parse(variables.get(name, "white")).rgb for name in _THEME_COLORS]
+    return [(MARKERS[i % len(MARKERS)], colors[(i + i // len(colors)) % len(colors)]) for i in range(n)]
+
+
+def y_limits(values: list[float], unit: bool) -> tuple[float, float]:
+    """The y axis: 0..1 for metrics (P, R, mAP live there); otherwise the values' range padded by a tenth on each
+    side (a tenth of the value when they are all equal, as one point is), never below 0 unless a value is. plotext
+    alone puts a single point in the middle of -1..1."""
+    if unit:
+        return 0.0, 1.0
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
+    bottom = lo - pad if lo < 0 else max(lo - pad, 0.0)
+    return bottom, hi + pad
+
+
+def x_limits(xs: list[float]) -> tuple[float, float] | None:
+    """One epoch: an axis from the epoch before to the one after (plotext would centre it on -1..1)."""
+    if not xs or max(xs) > min(xs):
+        return None
+    return max(min(xs) - 1, 0.0), max(xs) + 1
 
 
 class _Plot(PlotextPlot):
@@ -47,13 +76,7 @@ class _Plot(PlotextPlot):
         raise NotImplementedError
 
     def series(self, n: int) -> list[tuple[str, tuple[int, int, int]]]:
-        """(marker, colour) for each of n curves in turn (both cycle past six curves)."""
-        variables = self.app.theme_variables
-        colors = [Color.parse(variables.get(name, "white")).rgb for name in _THEME_COLORS]
-        return [
-            (_PLAIN_MARKERS[i % len(_PLAIN_MARKERS)] if self.app.no_color else "hd", colors[i % len(colors)])
-            for i in range(n)
-        ]
+        return series_styles(self.app, n)
 
 
 class LossPlot(_Plot):
@@ -73,9 +96,15 @@ class LossPlot(_Plot):
         plt.title("training loss")
         plt.xlabel("epoch")
         curves = self.curves(data)
-        for (name, xs, ys), (marker, color) in zip(curves, self.series(len(curves))):  # a term keeps its colour
+        for (name, xs, ys), (marker, color) in zip(
+            curves, self.series(len(curves)), strict=True
+        ):  # a term keeps its colour
             if xs:
                 plt.plot(xs, ys, label=name, marker=marker, color=color)
+        ys = [y for _, _, vs in curves for y in vs]
+        if ys:
+            plt.ylim(*y_limits(ys, unit=False))
+        plt.xlim(*(x_limits([x for _, vs, _ in curves for x in vs]) or (None, None)))  # (None: plotext's own)
 
 
 class MetricsPlot(_Plot):
@@ -94,5 +123,9 @@ class MetricsPlot(_Plot):
         plt.xlabel("epoch")
         if rows:
             xs = [r[0] for r in rows]
-            for i, (name, (marker, color)) in enumerate(zip(("P", "R", "mAP50", "mAP50-95"), self.series(4))):
+            for i, (name, (marker, color)) in enumerate(
+                zip(("P", "R", "mAP50", "mAP50-95"), self.series(4), strict=True)
+            ):
                 plt.plot(xs, [r[i + 1] for r in rows], label=name, marker=marker, color=color)
+            plt.ylim(*y_limits([], unit=True))
+            plt.xlim(*(x_limits(xs) or (None, None)))

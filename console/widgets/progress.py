@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widget import Widget
 
 from libreyolo_console.state import RunState
-from libreyolo_console.widgets.fmt import bar, duration
+from libreyolo_console.widgets.fmt import bar
 
 
 class ProgressPanel(Widget):
@@ -23,10 +23,11 @@ class ProgressPanel(Widget):
         s = self.state
         if s.start is None:
             return "waiting for the trainer's first event (it imports torch and checks the dataset first)"
-        ep = f"epoch {min(s.epoch + 1, max(s.epochs, 1))}/{s.epochs}  step {s.step}/{s.steps}"
+        # the run list's convention: epochs completed (the step is the current epoch's)
+        ep = f"epochs done {s.epochs_done}/{s.epochs}  step {s.step}/{s.steps}"
         pct = f"{s.fraction * 100:3.0f}%"
         last = s.last_step
-        eta = "" if s.end is not None or last is None else f"  ETA {duration(last['eta_s'])}"
+        eta = "" if s.end is not None or last is None else f"  ETA {s.eta.text()}"
         width = max(self.size.width - len(ep) - len(pct) - len(eta) - 4, 8)
         line1 = f"{ep}  {bar(s.fraction, width)} {pct}{eta}"
         if last is None:

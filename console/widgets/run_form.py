@@ -19,16 +19,22 @@ class RunForm(VerticalScroll):
     class Changed(Message):
         """A value changed (by the user or because the dataset's defaults did)."""
 
-    def __init__(self, model_names: list[str], **kw: object) -> None:
+    def __init__(self, model_names: list[str], demo: dict[str, str] | None = None, **kw: object) -> None:
         super().__init__(**kw)
         self.model_names = model_names
+        self.demo = demo or {}  # values the demo (the built-in dataset) suggests beyond the trainer's defaults
         self.touched: set[str] = set()
         # what the form itself put in each field: a Changed event carrying that value is not the user's edit
         # (Input and Select also announce their initial values)
-        self.placed: dict[str, str] = command.defaults()
+        self.placed: dict[str, str] = self.suggested()
+
+    def suggested(self, data: str = "shapes") -> dict[str, str]:
+        """What an untouched field shows for this dataset: the trainer's default, and for the demo its
+        suggestions (spelled out in the command, since the trainer would not use them by itself)."""
+        return {**command.defaults(data), **(self.demo if command.is_builtin_data(data) else {})}
 
     def compose(self) -> ComposeResult:
-        base = command.defaults()
+        base = self.suggested()
         for key in command.FORM_KEYS:
             with Horizontal(classes="form-row"):
                 yield Label(key, classes="form-key")
@@ -71,7 +77,7 @@ class RunForm(VerticalScroll):
 
     def follow_defaults(self) -> None:
         """Give every field the user has not edited the default for the current dataset."""
-        base = command.defaults(self.values()["data"])
+        base = self.suggested(self.values()["data"])
         for key in command.FORM_KEYS:
             if key not in self.touched and key != "data" and self.values()[key] != base[key]:
                 self._put(key, base[key])

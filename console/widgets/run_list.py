@@ -19,7 +19,7 @@ STATUS_STYLE = {
     "failed": "bold red",
     "crashed": "bold red",
 }
-COLUMNS = ("run", "state", "model", "epoch", "mAP50-95", "started")
+COLUMNS = ("run", "state", "model", "epochs done", "mAP50-95", "started")  # done: as the run view counts
 MARK = "* "  # before the name of a run marked for comparing
 
 

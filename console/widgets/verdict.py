@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -10,6 +12,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from libreyolo_console.state import RunState
+from libreyolo_console.widgets.fmt import off_gpu
 
 # Each phase is drawn with its own character as well as its own colour, so the bar reads without colour.
 PHASE_STYLE = {
@@ -25,6 +28,26 @@ EMPTY = (
     "No profile in this run. Start one with profile=true (the form's profile switch), or run "
     "`libreyolo profile run ...`; the verdict, its evidence and the artifacts appear here."
 )
+WAITING = (
+    "No profile yet: this run has profile=true, and the verdict appears here once its window is measured "
+    "(profile_warmup steps, then profile_steps steps)."
+)
+
+
+def empty_hint(state: RunState) -> str:
+    """What the panel says before any profile event: what would fill it, and which key does."""
+    start = state.start
+    if start is None:
+        return EMPTY
+    if (start.get("config") or {}).get("profile"):
+        return WAITING
+    device = off_gpu(start)
+    where = f" It works on {device} too (phase times; GPU busy time needs CUDA)." if device else ""
+    return (
+        "No profile yet: this run was started with profile=false. Start a run with profile=true (the form's "
+        "profile field, or `libreyolo train ... profile=true`), or run `libreyolo profile run ...`: the verdict, "
+        f"the phase breakdown, the levers to try and a timeline appear here.{where}"
+    )
 
 
 def phase_bar(phases: dict[str, float], width: int) -> Text:
@@ -41,7 +64,7 @@ def phase_bar(phases: dict[str, float], width: int) -> Text:
     return out
 
 
-def render_profile(p: dict, width: int) -> Group:
+def render_profile(p: dict[str, Any], width: int) -> Group:
     title = Text.assemble(("verdict: ", "bold"), (p["verdict"], "bold reverse"))
     util = "-" if p.get("utilization") is None else f"{p['utilization'] * 100:.0f}%"
     stats = Text(f"{p['step_ms']:.1f} ms/step   {p['img_s']:.1f} img/s   GPU busy {util}")
@@ -79,15 +102,17 @@ def render_profile(p: dict, width: int) -> Group:
 class VerdictPanel(VerticalScroll):
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)
-        self._shown: dict | None = None
+        self._shown: dict[str, Any] | None = None
+        self._hint = EMPTY
 
     def compose(self) -> ComposeResult:
         yield Static(EMPTY, id="verdict-body")
 
     def show_state(self, state: RunState) -> None:
-        if state.profile is self._shown and self._shown is not None:
+        hint = empty_hint(state)
+        if state.profile is self._shown and (self._shown is not None or hint == self._hint):
             return
-        self._shown = state.profile
+        self._shown, self._hint = state.profile, hint
         self._draw()
 
     def on_resize(self) -> None:
@@ -96,4 +121,4 @@ class VerdictPanel(VerticalScroll):
     def _draw(self) -> None:
         body = self.query_one("#verdict-body", Static)
         width = self.scrollable_content_region.width or 78
-        body.update(EMPTY if self._shown is None else render_profile(self._shown, width))
+        body.update(self._hint if self._shown is None else render_profile(self._shown, width))

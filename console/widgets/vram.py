@@ -10,9 +10,19 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from libreyolo_console.state import RunState
-from libreyolo_console.widgets.fmt import mb
+from libreyolo_console.widgets.fmt import mb, off_gpu
 
 EMPTY = "No VRAM events: peaks are reported per epoch on CUDA devices, capture costs when cuda_graph is on."
+
+
+def empty_hint(state: RunState) -> str:
+    device = off_gpu(state.start)
+    if device is None:
+        return EMPTY
+    return (
+        f"No VRAM events: VRAM is a GPU's memory, and this run is on {device}. On a CUDA device the peak "
+        "allocated and reserved memory per epoch, and what each CUDA-graph capture cost, appear here."
+    )
 
 
 def _change(before: float | None, after: float | None, delta: float | None) -> str:
@@ -54,19 +64,19 @@ def vram_view(state: RunState) -> Group:
             t.add_row(str(v["epoch"] + 1), mb(v["peak_allocated_mb"]), mb(v["peak_reserved_mb"]), grow, v["device"])
             prev = v["peak_reserved_mb"]
         parts.append(t)
-    return Group(*parts) if parts else Group(Text(EMPTY))
+    return Group(*parts) if parts else Group(Text(empty_hint(state)))
 
 
 class VramPanel(VerticalScroll):
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)
-        self._shown: tuple[int, int] = (-1, -1)
+        self._shown: tuple[int, int, str | None] = (-1, -1, None)
 
     def compose(self) -> ComposeResult:
         yield Static(EMPTY, id="vram-body")
 
     def show_state(self, state: RunState) -> None:
-        key = (len(state.graphs), len(state.vram))
+        key = (len(state.graphs), len(state.vram), off_gpu(state.start))
         if key == self._shown:
             return
         self._shown = key

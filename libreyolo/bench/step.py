@@ -39,6 +39,8 @@ KEYS = {
     "optimizer",
     "cudnn_benchmark",
 }
+# this benchmark's defaults where they differ from TrainConfig's: --help shows these, run() applies them
+DEFAULTS: dict[str, object] = {"batch": 8, "imgsz": 640}
 
 
 def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -156,6 +158,7 @@ def run(argv: list[str]) -> int:
                 "kernels": "count kernels per step and phase (default true)",
                 "json": "print JSON",
             },
+            DEFAULTS,
         )
     kw = parse_kv(argv, KEYS, extra)
     modes = [m.strip() for m in kw.pop("modes", "eager,graph,full").split(",")]
@@ -164,8 +167,7 @@ def run(argv: list[str]) -> int:
         raise ConfigError(f"modes={bad[0]!r}: choose from {', '.join(MODES)}")
     steps, warmup = max(kw.pop("steps", 24), 24), kw.pop("warmup", 16)
     as_json, kernels = kw.pop("json", False), kw.pop("kernels", True)
-    kw.setdefault("batch", 8)
-    cfg = TrainConfig.from_overrides({"imgsz": 640, **kw})
+    cfg = TrainConfig.from_overrides({**DEFAULTS, **kw})
     from libreyolo.distributed.device import parse_device
 
     kind, gpus = parse_device(cfg.device)

@@ -21,6 +21,8 @@ from libreyolo.cli.args import flag, parse_kv
 from libreyolo.config import TrainConfig
 
 KEYS = {"model", "data", "imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "amp", "amp_dtype"}
+# this benchmark's defaults where they differ from TrainConfig's: --help shows these, run() applies them
+DEFAULTS: dict[str, object] = {"model": "LibreYOLO9t", "data": "shapes", "imgsz": 640}
 STAGES = ("loader", "forward", "loss", "postprocess", "to_host", "coco_eval")
 
 
@@ -49,6 +51,7 @@ def run(argv: list[str]) -> int:
                 "nms_prefix": "the first NMS round's minimum candidates per image (nn/nms.py PREFIX_MIN)",
                 "json": "print JSON",
             },
+            DEFAULTS,
         )
     kw = parse_kv(argv, KEYS, extra)
     as_json, split, static, graph = (
@@ -62,9 +65,7 @@ def run(argv: list[str]) -> int:
 
     nms.CUDA_BOXES_PER_CALL = kw.pop("nms_chunk", nms.CUDA_BOXES_PER_CALL)  # tuning knobs, this process only
     nms.PREFIX_MIN = kw.pop("nms_prefix", nms.PREFIX_MIN)
-    kw.setdefault("model", "LibreYOLO9t")
-    kw.setdefault("data", "shapes")
-    report = bench_val(TrainConfig.from_overrides({"imgsz": 640, **kw}), split, static, eval_workers, graph)
+    report = bench_val(TrainConfig.from_overrides({**DEFAULTS, **kw}), split, static, eval_workers, graph)
     if as_json:
         print(json.dumps(report))
         return 0

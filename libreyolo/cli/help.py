@@ -15,7 +15,8 @@ def show_help(
     extra: dict[str, str] | None = None,
     defaults: dict[str, object] | None = None,
 ) -> int:
-    """The command's keys with their defaults (TrainConfig's, or the command's own in `defaults`) and help."""
+    """Print the keys' table; `defaults` are the command's own defaults where they differ from TrainConfig's
+    (a benchmark that runs batch 8 must not say 16, predict's conf is 0.25)."""
     console = Console(highlight=False)
     console.print(f"usage: libreyolo {command} [key=value ...]\n", markup=False)
     table = Table(box=None, padding=(0, 2), show_header=True, header_style="bold")
