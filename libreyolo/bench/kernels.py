@@ -20,7 +20,9 @@ import os
 import tempfile
 import time
 from collections import Counter
-from typing import Any, Callable, ContextManager, Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -39,7 +41,7 @@ LAUNCH_NAMES = (
 class RecordPhases:
     """A phases object (see engine/step.py) that marks each phase as a profiler range."""
 
-    def __call__(self, name: str) -> ContextManager:
+    def __call__(self, name: str) -> AbstractContextManager[Any]:
         return record_function(f"phase::{name}")
 
 

@@ -117,9 +117,9 @@ def bench(
     """-> {machine and settings..., "results": [{cache, workers, img_s, ms_per_batch, ...}], "notes": [...]}"""
     from libreyolo.data.cache import open_image_cache
     from libreyolo.data.config import list_images, load_data_config
+    from libreyolo.data.cpus import cpu_count
     from libreyolo.data.dataset import AugmentConfig, YOLODataset
     from libreyolo.data.labels import scan_labels
-    from libreyolo.data.cpus import cpu_count
 
     if batch < 1 or batches < 1:
         raise ConfigError(f"batch={batch} batches={batches}: both must be at least 1")
@@ -215,7 +215,7 @@ def _time_loader(
         if b is None:  # persistent workers carry on into the next epoch, as in training
             epoch += 1
             sampler.set_epoch(epoch, mosaic)
-            it = iter(dl)
+            it = iter(dl)  # noqa: F821  (dl is deleted only after the last call)
             b = next(it)
         return b
 
@@ -251,7 +251,8 @@ def print_report(r: dict[str, Any]) -> None:
     for note in r["notes"]:
         Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning:[/] {escape(note)}")
     t = Table(
-        title=f"data loader, {r['images']} images at imgsz {r['imgsz']}, batch {r['batch']}, mosaic {'on' if r['mosaic'] else 'off'}"
+        title=f"data loader, {r['images']} images at imgsz {r['imgsz']}, batch {r['batch']}, "
+        f"mosaic {'on' if r['mosaic'] else 'off'}"
     )
     for col in ("cache", "workers", "img/s", "ms/batch", "CPU ms/img", "cache build s"):
         t.add_column(col, justify="left" if col == "cache" else "right")
@@ -270,7 +271,8 @@ def print_report(r: dict[str, Any]) -> None:
         )
     console.print(t)
     console.print(
-        f"{r['cpus']} CPUs ({r['cpu']}), torch {r['torch']}, pin_memory {r['pin_memory']}, {r['batches']} timed batches per row after warm-up, "
+        f"{r['cpus']} CPUs ({r['cpu']}), torch {r['torch']}, pin_memory {r['pin_memory']}, {r['batches']} timed "
+        "batches per row after warm-up, "
         f"load average {r['load_avg'][0]} -> {r['load_avg'][1]}, {r['date']}"
     )
     console.print(

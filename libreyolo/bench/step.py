@@ -57,7 +57,8 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
 
 
 def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None) -> tuple[Any, Any]:
-    """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile | compile-net) -> (runner, StepParts).
+    """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile | compile-net)
+    -> (runner, StepParts).
 
     compile is an experiment for the benchmark, not a training option: the eager step with its forward (network
     under autocast) and its loss wrapped in torch.compile (default mode, static shapes); the optimizer and the EMA
@@ -92,7 +93,7 @@ def bench_mode(
         nonlocal n
         for _ in range(k):
             n += 1
-            items = step(
+            items = step(  # noqa: F821  (step is deleted only after the last call)
                 data["img"], data["targets"], data["mask"], n % acc == 0, **({"phases": phases} if phases else {})
             )
             del items
@@ -152,7 +153,8 @@ def run(argv: list[str]) -> int:
             "bench step",
             KEYS,
             {
-                "modes": "comma list of eager, graph, full, compile, compile-net (default: eager, graph, full; compile*: the eager step under torch.compile, an experiment)",
+                "modes": "comma list of eager, graph, full, compile, compile-net (default: eager, graph, full; "
+                "compile*: the eager step under torch.compile, an experiment)",
                 "steps": "timed steps (>= 24)",
                 "warmup": "untimed steps first (default 16)",
                 "kernels": "count kernels per step and phase (default true)",
@@ -228,7 +230,8 @@ def run(argv: list[str]) -> int:
             c.print(f"  {r['mode']} kernels per phase: " + ", ".join(f"{k} {v:.0f}" for k, v in r["per_phase"].items()))
         if r.get("gpu_busy_frac") is not None:
             c.print(
-                f"  {r['mode']} profiled window, per step: wall {r['profiled_wall_ms_per_step']:.1f} ms, GPU busy {r['gpu_busy_ms_per_step']:.1f} ms "
+                f"  {r['mode']} profiled window, per step: wall {r['profiled_wall_ms_per_step']:.1f} ms, GPU busy "
+                f"{r['gpu_busy_ms_per_step']:.1f} ms "
                 f"(union of kernel intervals; kernel durations sum to {r['kernel_time_sum_ms_per_step']:.1f} ms), "
                 f"{r['copies_per_step']:.0f} copies/memsets {r['copy_time_ms_per_step']:.2f} ms"
             )

@@ -45,7 +45,8 @@ def run(argv: list[str]) -> int:
             {
                 "split": "val (default) or test",
                 "static": "pad every batch to batch= (one input shape)",
-                "graph": "forward and loss replayed from a CUDA graph, as training validates (default: true on CUDA; implies static)",
+                "graph": "forward and loss replayed from a CUDA graph, as training validates (default: true on CUDA; "
+                "implies static)",
                 "eval_workers": "processes for a large COCO evaluation (default: up to 8, by CPUs)",
                 "nms_chunk": "boxes per NMS call on CUDA (nn/nms.py CUDA_BOXES_PER_CALL)",
                 "nms_prefix": "the first NMS round's minimum candidates per image (nn/nms.py PREFIX_MIN)",
@@ -82,13 +83,12 @@ def bench_val(
 ) -> dict[str, Any]:
     from libreyolo import LibreYOLO
     from libreyolo.data.config import list_images, load_data_config
-    from libreyolo.data.dataset import YOLODataset
+    from libreyolo.data.dataset import YOLODataset, capacity
     from libreyolo.data.labels import scan_labels
     from libreyolo.data.loader import ValLoader, cpu_count, default_workers
     from libreyolo.distributed.device import parse_device
     from libreyolo.engine.amp import resolve_amp
     from libreyolo.errors import DataError
-    from libreyolo.data.dataset import capacity
     from libreyolo.eval.graphed import EvalGraph
     from libreyolo.eval.validator import Stages, start_validation, to_input
 
@@ -237,7 +237,8 @@ def _print_table(r: dict[str, Any]) -> None:
 
     m = r["meta"]
     t = Table(
-        title=f"bench val: {m['model']} on {r['images']} images, batch {m['batch']}, imgsz {m['imgsz']}, {m['amp_dtype']} on {m['gpu']}"
+        title=f"bench val: {m['model']} on {r['images']} images, batch {m['batch']}, imgsz {m['imgsz']}, "
+        f"{m['amp_dtype']} on {m['gpu']}"
     )
     for c in ("stage", "seconds", "share", "img/s"):
         t.add_column(c, justify="right")
@@ -252,6 +253,7 @@ def _print_table(r: dict[str, Any]) -> None:
     ld = r["loader"]
     c.print(
         f"  loader alone: {ld['img_s']:.0f} img/s ({m['workers']} workers, first batch {ld['first_batch_s']:.2f} s); "
-        f"end to end: {e['time_s']:.3f} s holding the caller + {e['eval_s']:.3f} s COCO evaluation; {r['detections']:,} detections"
+        f"end to end: {e['time_s']:.3f} s holding the caller + {e['eval_s']:.3f} s COCO evaluation; "
+        f"{r['detections']:,} detections"
     )
     c.print(f"  mAP50 {r['metrics']['map50']:.4f}  mAP50-95 {r['metrics']['map']:.4f}")
