@@ -6,9 +6,10 @@ without nvidia-ml-py) the sampler says so once and keeps reporting CPU and RAM t
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from libreyolo.events import READABLE_VERSIONS
 
@@ -40,7 +41,7 @@ class LineTail:
             self.offset = max(0, size - from_end)
             self._skip_partial = self.offset > 0
 
-    def read(self) -> "LineBatch":
+    def read(self) -> LineBatch:
         """The new complete lines; `reset` when the file was truncated or replaced since the last call
         (the lines then come from its start); `more` when data remains beyond this chunk."""
         try:
