@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from textual import getters
 from textual.app import ComposeResult
@@ -335,7 +335,7 @@ class RunScreen(Screen[None]):
         if event.worker.group != "stop" or event.state not in (WorkerState.SUCCESS, WorkerState.ERROR):
             return
         self.stopping = False
-        result: Any = event.worker.result
+        result: object = event.worker.result  # a StopResult, or None when the worker failed
         if isinstance(result, StopResult):
             self.stop_note = result.describe()
             self.notify(self.stop_note, severity="error" if result.alive else "information")
