@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.app import App, SystemCommand
@@ -230,7 +230,7 @@ class ConsoleApp(App[None]):
         self.settings["theme"] = self.theme
         save_settings(self.settings)
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("New run", "Open the new-run form", self.new_run)
         yield SystemCommand("Runs", "The list of runs under the project", self.show_runs)

@@ -6,9 +6,10 @@ without nvidia-ml-py) the sampler says so once and keeps reporting CPU and RAM t
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -71,19 +72,18 @@ class GpuSampler:
         if not self._ready:
             self._init()
         host = sample_host()
-        if self.no_driver is not None:
-            return GpuSnapshot([], host, self.no_driver)
         nv = self._nvml
+        if self.no_driver is not None or nv is None:  # (_init sets one of the two: the module, or why not)
+            return GpuSnapshot([], host, self.no_driver)
         try:
-            devices = [self._device(i) for i in range(nv.nvmlDeviceGetCount())]
+            devices = [self._device(nv, i) for i in range(nv.nvmlDeviceGetCount())]
         except nv.NVMLError as e:
             return GpuSnapshot([], host, f"NVML stopped answering ({e}): showing CPU and RAM", self.driver)
         if not devices:
             return GpuSnapshot([], host, "the NVIDIA driver reports no GPU: showing CPU and RAM", self.driver)
         return GpuSnapshot(devices, host, None, self.driver)
 
-    def _device(self, i: int) -> DeviceSample:
-        nv = self._nvml
+    def _device(self, nv: ModuleType | Any, i: int) -> DeviceSample:
         h = nv.nvmlDeviceGetHandleByIndex(i)
         mem = _ask(nv, nv.nvmlDeviceGetMemoryInfo, h)
         util = _ask(nv, nv.nvmlDeviceGetUtilizationRates, h)
@@ -141,7 +141,7 @@ def _why(nv: Any, e: Exception) -> str:
 
 
 def sample_loop(
-    sampler: GpuSampler, deliver: Callable[[GpuSnapshot], None], stop: threading.Event, interval: float = 1.0
+    sampler: GpuSampler, deliver: Callable[[GpuSnapshot], object], stop: threading.Event, interval: float = 1.0
 ) -> None:
     """Sample every `interval` seconds until `stop` is set; runs in a worker thread."""
     try:

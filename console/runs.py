@@ -56,7 +56,7 @@ class RunSummary:
     started: float | None = None  # Unix time of the first run_start (or of the launch)
 
 
-def find_run_dirs(project: str | os.PathLike) -> list[Path]:
+def find_run_dirs(project: str | os.PathLike[str]) -> list[Path]:
     """Folders under `project` (up to 3 levels deep) that hold an events.jsonl or a supervisor record."""
     root = Path(project)
     found: list[Path] = []
@@ -120,7 +120,7 @@ def summarize(run_dir: Path, project: Path) -> RunSummary:
     return s
 
 
-def find_runs(project: str | os.PathLike) -> list[RunSummary]:
+def find_runs(project: str | os.PathLike[str]) -> list[RunSummary]:
     """Every run under `project`: live ones first, then the most recently started."""
     project = Path(project)
     runs = [summarize(d, project) for d in find_run_dirs(project)]

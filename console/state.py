@@ -167,8 +167,11 @@ class RunState:
 
     @property
     def best(self) -> EpochRow | None:
-        scored = [r for r in self.rows.values() if r.map is not None and r.map50 is not None]
-        return max(scored, key=lambda r: 0.1 * r.map50 + 0.9 * r.map, default=None)
+        # (fitness, row) of every validated epoch: max() keeps the first row of equal fitness
+        scored = [
+            (0.1 * r.map50 + 0.9 * r.map, r) for r in self.rows.values() if r.map is not None and r.map50 is not None
+        ]
+        return max(scored, key=lambda p: p[0], default=(0.0, None))[1]
 
     @property
     def fallback(self) -> dict[str, Any] | None:

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -31,7 +32,7 @@ STDOUT_LOG = "stdout.log"
 _START_TOLERANCE_S = 0.05
 
 # Processes this console started: kept so their exit status is collected (no zombies while we live).
-_CHILDREN: dict[int, subprocess.Popen] = {}
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ProcessRecord:
         return json.dumps(asdict(self), indent=1)
 
 
-def read_record(run_dir: str | os.PathLike) -> ProcessRecord | None:
+def read_record(run_dir: str | os.PathLike[str]) -> ProcessRecord | None:
     """The run's supervisor record, or None when it has none (a run started outside the console)."""
     path = Path(run_dir) / RECORD
     try:
@@ -64,7 +65,7 @@ def read_record(run_dir: str | os.PathLike) -> ProcessRecord | None:
         return None
 
 
-def write_record(run_dir: str | os.PathLike, rec: ProcessRecord) -> None:
+def write_record(run_dir: str | os.PathLike[str], rec: ProcessRecord) -> None:
     path = Path(run_dir) / RECORD
     tmp = path.with_name(f".{RECORD}.{os.getpid()}.tmp")
     tmp.write_text(rec.to_json())
@@ -106,7 +107,7 @@ def train_argv(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "libreyolo.cli.main", "train", *args]
 
 
-def launch(run_dir: str | os.PathLike, cmd: list[str], title: str | None = None) -> ProcessRecord:
+def launch(run_dir: str | os.PathLike[str], cmd: list[str], title: str | None = None) -> ProcessRecord:
     """Start `cmd` detached from this console (own session, stdin /dev/null), appending its output to
     run_dir/stdout.log after a `$ title` line, and record it in run_dir/supervisor.json."""
     run_dir = Path(run_dir)
@@ -132,18 +133,18 @@ def launch(run_dir: str | os.PathLike, cmd: list[str], title: str | None = None)
     return rec
 
 
-def start_run(project: str | os.PathLike, args: list[str], name: str = "exp") -> tuple[Path, ProcessRecord]:
+def start_run(project: str | os.PathLike[str], args: list[str], name: str = "exp") -> tuple[Path, ProcessRecord]:
     """Pick a free run folder under `project` (created atomically), then train into exactly that folder."""
     run_dir = increment_run_dir(project, name, False).resolve()
     full = [*args, f"project={run_dir.parent}", f"name={run_dir.name}", "exist_ok=true"]
     return run_dir, launch(run_dir, train_argv(full), shlex.join(["libreyolo", "train", *full]))
 
 
-def last_checkpoint(run_dir: str | os.PathLike) -> Path:
+def last_checkpoint(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / "weights" / "last.pt"
 
 
-def resume_run(run_dir: str | os.PathLike) -> ProcessRecord:
+def resume_run(run_dir: str | os.PathLike[str]) -> ProcessRecord:
     """Continue a stopped or crashed run from its last.pt (the trainer appends to the same run folder)."""
     last = last_checkpoint(run_dir)
     if not last.is_file():
@@ -183,7 +184,7 @@ def stop(
     rec: ProcessRecord,
     ladder: tuple[tuple[signal.Signals, float], ...] = LADDER,
     group: bool = True,
-    on_signal: Callable[[str, float], None] | None = None,
+    on_signal: Callable[[str, float], object] | None = None,
     cancel: threading.Event | None = None,
     poll_s: float = 0.1,
 ) -> StopResult:

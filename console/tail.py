@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from libreyolo.events import READABLE_VERSIONS
 
@@ -23,7 +24,7 @@ _HEAD = 256  # bytes remembered from the start of the file to notice a rewrite
 class LineTail:
     """Returns the complete lines appended to `path` since the last call."""
 
-    def __init__(self, path: str | os.PathLike, offset: int = 0, from_end: int | None = None):
+    def __init__(self, path: str | os.PathLike[str], offset: int = 0, from_end: int | None = None):
         """`from_end=N` starts N bytes before the current end (dropping the partial first line): the
         last screens of a long log, without reading all of it."""
         self.path = Path(path)
@@ -40,7 +41,7 @@ class LineTail:
             self.offset = max(0, size - from_end)
             self._skip_partial = self.offset > 0
 
-    def read(self) -> "LineBatch":
+    def read(self) -> LineBatch:
         """The new complete lines; `reset` when the file was truncated or replaced since the last call
         (the lines then come from its start); `more` when data remains beyond this chunk."""
         try:
@@ -96,7 +97,7 @@ class EventBatch:
 class EventTail:
     """Parsed events from an events.jsonl, as they are appended."""
 
-    def __init__(self, path: str | os.PathLike, offset: int = 0):
+    def __init__(self, path: str | os.PathLike[str], offset: int = 0):
         self.lines = LineTail(path, offset)
 
     def read(self) -> EventBatch:
@@ -127,7 +128,7 @@ Batch = TypeVar("Batch", LineBatch, EventBatch)
 
 
 def follow(
-    read: Callable[[], Batch], deliver: Callable[[Batch], None], stop: threading.Event, interval: float = 0.25
+    read: Callable[[], Batch], deliver: Callable[[Batch], object], stop: threading.Event, interval: float = 0.25
 ) -> None:
     """Poll `read()` until `stop` is set, handing every non-empty batch to `deliver` (which posts it to
     the UI thread). Meant to run in a worker thread: the UI never blocks on file I/O."""

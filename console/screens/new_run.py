@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from textual import events
+from textual import events, getters
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -17,16 +18,22 @@ from libreyolo_console import command, supervisor
 from libreyolo_console.screens.dialogs import DataPicker
 from libreyolo_console.widgets.run_form import RunForm
 
+if TYPE_CHECKING:
+    from libreyolo_console.app import ConsoleApp
+
 START_HINT = "enter on Start trains; tab moves between fields; ctrl+s starts from anywhere"
 
 
-class NewRunScreen(Screen):
+class NewRunScreen(Screen[None]):
     BINDINGS = [
         Binding("ctrl+s", "start", "Start", priority=True),
         Binding("ctrl+o", "pick_data", "Data file", priority=True),
         Binding("ctrl+y", "copy_command", "Copy cmd", priority=True),
         Binding("escape", "back", "Back"),
     ]
+
+    if TYPE_CHECKING:  # (how Textual types `app` itself: this screen runs in the ConsoleApp)
+        app = getters.app(ConsoleApp)
 
     def __init__(self, project: Path, model_names: list[str], demo: dict[str, str] | None = None) -> None:
         super().__init__()

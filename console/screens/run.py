@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -33,8 +34,14 @@ from libreyolo_console.widgets.run_list import status_text
 from libreyolo_console.widgets.verdict import VerdictPanel
 from libreyolo_console.widgets.vram import VramPanel
 
+if TYPE_CHECKING:
+    from libreyolo_console.app import ConsoleApp
+
 TABS = ("overview", "metrics", "gpu", "profiler", "graphs", "log")
 STALL_S = 30.0  # heartbeats come every 10 s: this long without any event means the trainer is stuck
+# the panels redrawn from the RunState on every redraw (besides the progress panel, of which there is one)
+STATE_PANELS = (LossPlot, MetricsPlot, EpochTable, VerdictPanel, GraphLog, VramPanel)
+_STATE_PANELS_SELECTOR = ", ".join(panel.__name__ for panel in STATE_PANELS)
 
 
 class EventsRead(Message):
@@ -55,7 +62,7 @@ class StopProgress(Message):
         self.signal_name, self.timeout = signal_name, timeout
 
 
-class RunScreen(Screen):
+class RunScreen(Screen[None]):
     BINDINGS = [
         Binding("s", "stop", "Stop"),
         Binding("r", "resume", "Resume"),
@@ -67,6 +74,9 @@ class RunScreen(Screen):
     # wide terminals show losses and metrics side by side; tall ones add the epoch table to the overview
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+
+    if TYPE_CHECKING:  # (how Textual types `app` itself: this screen runs in the ConsoleApp)
+        app = getters.app(ConsoleApp)
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__()
@@ -162,8 +172,9 @@ class RunScreen(Screen):
         self._dirty = False
         s = self.state
         self.query_one(ProgressPanel).show_state(s)
-        for w in self.query("LossPlot, MetricsPlot, EpochTable, VerdictPanel, GraphLog, VramPanel"):
-            w.show_state(s)
+        for w in self.query(_STATE_PANELS_SELECTOR):  # (in the order they are in the screen)
+            if isinstance(w, STATE_PANELS):
+                w.show_state(s)
         self.show_status()
 
     def show_status(self) -> None:
@@ -324,7 +335,7 @@ class RunScreen(Screen):
         if event.worker.group != "stop" or event.state not in (WorkerState.SUCCESS, WorkerState.ERROR):
             return
         self.stopping = False
-        result: Any = event.worker.result
+        result: object = event.worker.result  # a StopResult, or None when the worker failed
         if isinstance(result, StopResult):
             self.stop_note = result.describe()
             self.notify(self.stop_note, severity="error" if result.alive else "information")

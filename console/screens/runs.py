@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
@@ -14,10 +16,13 @@ from libreyolo_console.runs import RunSummary, find_runs
 from libreyolo_console.screens.compare import CompareScreen
 from libreyolo_console.widgets.run_list import RunList
 
+if TYPE_CHECKING:
+    from libreyolo_console.app import ConsoleApp
+
 REFRESH_S = 2.0
 
 
-class RunsScreen(Screen):
+class RunsScreen(Screen[None]):
     BINDINGS = [
         Binding("enter", "open", "Open"),
         Binding("space", "mark", "Mark"),
@@ -25,6 +30,9 @@ class RunsScreen(Screen):
         Binding("n", "new_run", "New run"),
         Binding("f5,ctrl+r", "refresh", "Refresh", key_display="f5"),
     ]
+
+    if TYPE_CHECKING:  # (how Textual types `app` itself: this screen runs in the ConsoleApp)
+        app = getters.app(ConsoleApp)
 
     def __init__(self, project: Path) -> None:
         super().__init__()
@@ -61,7 +69,9 @@ class RunsScreen(Screen):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.group == "find-runs" and event.state == WorkerState.SUCCESS:
-            self.show_runs(event.worker.result)
+            runs: list[RunSummary] | None = event.worker.result  # (find_runs' list, once it succeeded)
+            if runs is not None:
+                self.show_runs(runs)
 
     def show_runs(self, runs: list[RunSummary]) -> None:
         self.query_one(RunList).show_runs(runs)

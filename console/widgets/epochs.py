@@ -49,9 +49,9 @@ def table_width(header: tuple[str, ...], rows: list[tuple[str, ...]], padding: i
     return sum(max(len(c) for c in col) + 2 * padding for col in zip(header, *rows))
 
 
-class EpochTable(DataTable):
-    def __init__(self, **kw: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+class EpochTable(DataTable[str]):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, id=id)
         self._columns: tuple[str, ...] = ()
         self._shown: list[tuple[str, ...]] = []
         self._state: RunState | None = None

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from textual import getters
 from textual.widget import Widget
 
 from libreyolo_console.gpu import DeviceSample, GpuSnapshot
 from libreyolo_console.widgets.fmt import bar, mb
+
+if TYPE_CHECKING:
+    from libreyolo_console.app import ConsoleApp
 
 
 class GpuPanel(Widget):
@@ -16,8 +22,11 @@ class GpuPanel(Widget):
 
     DEFAULT_CSS = "GpuPanel { height: auto; }"
 
-    def __init__(self, compact: bool = False, **kw: object) -> None:
-        super().__init__(**kw)
+    if TYPE_CHECKING:  # (how Textual types `app` itself: the console's app, whose sampler feeds this panel)
+        app = getters.app(ConsoleApp)
+
+    def __init__(self, compact: bool = False, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.compact = compact
         self.snapshot: GpuSnapshot | None = None
         self.run_pids: set[int] = set()
@@ -31,7 +40,7 @@ class GpuPanel(Widget):
         self.snapshot = snap
         self.refresh(layout=True)
 
-    def render(self) -> Group | Text:
+    def render(self) -> Group | Table | Text:
         snap = self.snapshot
         if snap is None:
             return Text("sampling GPU and CPU ...")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -126,15 +126,15 @@ def graph_lines(state: RunState) -> Group:
             t.append("  ")
         return t
 
-    out: list[Any] = [line(HEADER, "bold")]
+    out: list[RenderableType] = [line(HEADER, "bold")]
     for g, cells in zip(state.graphs, rows, strict=True):
         out += [line(cells), Padding(Text(g["reason"]), (0, 0, 0, widths[0] + 3))]
     return Group(*out)
 
 
 class GraphLog(VerticalScroll):
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self._shown: tuple[str, int, bool] | None = None
         self._state: RunState | None = None
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import textwrap
 from collections import deque
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.widgets import Log
 
 from libreyolo_console.tail import LineBatch, LineTail
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # (typing.Self is 3.11+; the console supports 3.10)
 
 START_BYTES = 256 << 10  # on attach, show the last 256 KiB, not a whole week of output
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
 from textual.app import App
 from textual.color import Color
 from textual_plotext import PlotextPlot
@@ -36,18 +39,26 @@ def y_limits(values: list[float], unit: bool) -> tuple[float, float]:
     return bottom, hi + pad
 
 
-def x_limits(xs: list[float]) -> tuple[float, float] | None:
+def x_limits(xs: Sequence[float]) -> tuple[float, float] | None:
     """One epoch: an axis from the epoch before to the one after (plotext would centre it on -1..1)."""
     if not xs or max(xs) > min(xs):
         return None
     return max(min(xs) - 1, 0.0), max(xs) + 1
 
 
-class _Plot(PlotextPlot):
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)
+# what a plot draws, compared between batches of events to skip redraws that would change nothing
+# LossPlot: (the loss terms, (fractional epoch, {term: loss}) per step event)
+LossData = tuple[tuple[str, ...], tuple[tuple[float, dict[str, float]], ...]]
+# MetricsPlot: (epoch number, P, R, mAP50, mAP50-95) per validated epoch
+MetricsData = tuple[tuple[int, float | None, float | None, float | None, float], ...]
+PlotData = TypeVar("PlotData")
+
+
+class _Plot(PlotextPlot, Generic[PlotData]):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self._state: RunState | None = None
-        self._drawn: tuple | None = None
+        self._drawn: PlotData | None = None
 
     def on_mount(self) -> None:
         # (Textual also runs PlotextPlot.on_mount: handlers of every class in the MRO are called)
@@ -69,29 +80,29 @@ class _Plot(PlotextPlot):
         self.draw(data)
         self.refresh()
 
-    def data(self, state: RunState) -> tuple:
+    def data(self, state: RunState) -> PlotData:
         raise NotImplementedError
 
-    def draw(self, data: tuple) -> None:
+    def draw(self, data: PlotData) -> None:
         raise NotImplementedError
 
     def series(self, n: int) -> list[tuple[str, tuple[int, int, int]]]:
         return series_styles(self.app, n)
 
 
-class LossPlot(_Plot):
+class LossPlot(_Plot[LossData]):
     """Each of the family's loss terms (means since the epoch began) against training progress in epochs."""
 
-    def data(self, state: RunState) -> tuple:
+    def data(self, state: RunState) -> LossData:
         return state.terms, tuple(state.losses)
 
     @staticmethod
-    def curves(data: tuple) -> list[tuple[str, list[float], list[float]]]:
+    def curves(data: LossData) -> list[tuple[str, list[float], list[float]]]:
         """(term, xs, ys) per loss term, in the family's order; a point without that term is left out."""
         terms, pts = data
         return [(t, [x for x, lo in pts if t in lo], [lo[t] for _, lo in pts if t in lo]) for t in terms]
 
-    def draw(self, data: tuple) -> None:
+    def draw(self, data: LossData) -> None:
         plt = self.plt
         plt.title("training loss")
         plt.xlabel("epoch")
@@ -107,17 +118,17 @@ class LossPlot(_Plot):
         plt.xlim(*(x_limits([x for _, vs, _ in curves for x in vs]) or (None, None)))  # (None: plotext's own)
 
 
-class MetricsPlot(_Plot):
+class MetricsPlot(_Plot[MetricsData]):
     """Validation precision, recall, mAP50 and mAP50-95 per epoch."""
 
-    def data(self, state: RunState) -> tuple:
+    def data(self, state: RunState) -> MetricsData:
         return tuple(
             (r.epoch + 1, r.precision, r.recall, r.map50, r.map)
             for _, r in sorted(state.rows.items())
             if r.map is not None
         )
 
-    def draw(self, rows: tuple) -> None:
+    def draw(self, rows: MetricsData) -> None:
         plt = self.plt
         plt.title("validation")
         plt.xlabel("epoch")

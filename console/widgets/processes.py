@@ -12,8 +12,8 @@ from libreyolo_console.supervisor import ProcInfo
 class ProcessPanel(Widget):
     DEFAULT_CSS = "ProcessPanel { height: auto; }"
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.procs: list[ProcInfo] = []
         self.note = "not running"
 

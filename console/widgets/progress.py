@@ -11,8 +11,8 @@ from libreyolo_console.widgets.fmt import bar
 class ProgressPanel(Widget):
     DEFAULT_CSS = "ProgressPanel { height: 2; }"
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.state = RunState()
 
     def show_state(self, state: RunState) -> None:

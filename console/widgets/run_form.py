@@ -19,8 +19,8 @@ class RunForm(VerticalScroll):
     class Changed(Message):
         """A value changed (by the user or because the dataset's defaults did)."""
 
-    def __init__(self, model_names: list[str], demo: dict[str, str] | None = None, **kw: object) -> None:
-        super().__init__(**kw)
+    def __init__(self, model_names: list[str], demo: dict[str, str] | None = None, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.model_names = model_names
         self.demo = demo or {}  # values the demo (the built-in dataset) suggests beyond the trainer's defaults
         self.touched: set[str] = set()
@@ -48,15 +48,22 @@ class RunForm(VerticalScroll):
                 compact=True,
             )
 
-    def _control(self, key: str, value: str) -> Input | Select:
+    def _control(self, key: str, value: str) -> Input | Select[str]:
         wid = f"field-{key}"
         if key in command.CHOICES:
             return Select([(c, c) for c in command.CHOICES[key]], value=value, allow_blank=False, id=wid, compact=True)
         suggester = SuggestFromList(self.model_names, case_sensitive=False) if key == "model" else None
         return Input(value=value, id=wid, compact=True, suggester=suggester)
 
+    def _field(self, key: str) -> Input | Select[str]:
+        """The control _control made for a key of FORM_KEYS."""
+        field = self.query_one(f"#field-{key}")
+        if not isinstance(field, (Input, Select)):
+            raise TypeError(f"#field-{key} is a {type(field).__name__}, not an Input or a Select")
+        return field
+
     def values(self) -> dict[str, str]:
-        return {key: str(self.query_one(f"#field-{key}").value) for key in command.FORM_KEYS}
+        return {key: str(self._field(key).value) for key in command.FORM_KEYS}
 
     @property
     def more(self) -> str:
@@ -73,7 +80,7 @@ class RunForm(VerticalScroll):
     def _put(self, key: str, value: str) -> None:
         self.placed[key] = value
         with self.prevent(Input.Changed, Select.Changed):
-            self.query_one(f"#field-{key}").value = value
+            self._field(key).value = value
 
     def follow_defaults(self) -> None:
         """Give every field the user has not edited the default for the current dataset."""

@@ -27,9 +27,9 @@ def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLE.get(status, ""))
 
 
-class RunList(DataTable):
-    def __init__(self, **kw: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
+class RunList(DataTable[str | Text]):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, id=id)
         self.runs: dict[str, RunSummary] = {}
         self.marked: set[str] = set()  # run folders (as the row keys) marked for comparing
 

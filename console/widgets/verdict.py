@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -84,7 +84,7 @@ def render_profile(p: dict[str, Any], width: int) -> Group:
     for name, path in p["artifacts"].items():
         arts.append(f"\n  {name}: {path}")
     timeline = p["artifacts"].get("timeline") or next((v for v in p["artifacts"].values() if v.endswith(".html")), None)
-    parts = [
+    parts: list[RenderableType] = [
         title,
         stats,
         why,
@@ -100,8 +100,8 @@ def render_profile(p: dict[str, Any], width: int) -> Group:
 
 
 class VerdictPanel(VerticalScroll):
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self._shown: dict[str, Any] | None = None
         self._hint = EMPTY
 

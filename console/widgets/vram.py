@@ -68,8 +68,8 @@ def vram_view(state: RunState) -> Group:
 
 
 class VramPanel(VerticalScroll):
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self._shown: tuple[int, int, str | None] = (-1, -1, None)
 
     def compose(self) -> ComposeResult:
