@@ -107,8 +107,9 @@ class CocoAccumulator:
             with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("fork")) as pool:
                 parts = list(pool.map(_evaluate, *zip(*[_only(images, gt, dt, g) for g in groups])))
             precision = np.empty(parts[0][0].shape[:2] + (nc,), np.float64)
-            for g, (p, _rec_thrs, _iou_thrs) in zip(groups, parts):
+            for g, (p, _, _) in zip(groups, parts):
                 precision[:, :, g] = p
+            _, rec_thrs, iou_thrs = parts[0]  # every group is evaluated at the same thresholds
         # as COCOeval._summarize: the mean over the valid entries of precision[T, R, K] (at IoU 0.5 for map50)
         t50 = np.where(iou_thrs == 0.5)[0]
         m, m50 = _valid_mean(precision), _valid_mean(precision[t50])
