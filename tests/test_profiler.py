@@ -321,3 +321,30 @@ def test_gpu_lanes_render_and_a_throwing_page_is_caught(profiled, tmp_path):
         and "Cannot read properties of null" in dom
         and any("Uncaught" in c for c in console)
     )
+
+
+def test_an_epochs_checkpoint_write_is_finished_before_the_next_measured_step(tiny_data, tmp_path, monkeypatch):
+    """last.pt is written in a background thread at each epoch end; inside the window that write competes with
+    the next step for the CPU (and the GIL), so it is settled before that step's clock starts."""
+    import libreyolo.engine.checkpoint as ckpt
+    import libreyolo.profiler.window as window
+
+    real_save = ckpt.save_atomic
+
+    def slow_save(obj, path):
+        time.sleep(0.4)
+        return real_save(obj, path)
+
+    monkeypatch.setattr(ckpt, "save_atomic", slow_save)
+    seen: list[int] = []  # unfinished writes when a measured step's data phase starts its clock
+    real_enter = window._Phase.__enter__
+
+    def enter(self):
+        out = real_enter(self)
+        if self.name == "data" and self.w.step_open:
+            seen.append(sum(not f.done() for f, _ in self.w.trainer.writer._pending))
+        return out
+
+    monkeypatch.setattr(window._Phase, "__enter__", enter)
+    train_with_spy(tiny_data, tmp_path, epochs=4, nbs=4, profile=True, profile_warmup=5, profile_steps=7)
+    assert len(seen) == 7 and seen == [0] * 7

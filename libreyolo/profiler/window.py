@@ -69,6 +69,11 @@ class _Phase:
     def __enter__(self) -> _Phase:
         w = self.w
         if self.name == "data":
+            if w.epoch_end_work:
+                # the epoch that ended inside the window left its checkpoint write in a background thread:
+                # finish it before this step's clock starts, so the step is measured without it
+                w.epoch_end_work = False
+                w.trainer.writer.drain(wait=True)
             w.begin_step()
         if w.state == SYNC:
             w.sync()
@@ -131,6 +136,7 @@ class Window:
         self.current: dict[str, float] = {}
         self.step_open = False
         self.skip_next_data = False
+        self.epoch_end_work = False  # an epoch ended inside the window: its end work is settled before the next step
         self._t_step = 0.0
         self._rf_step: Any = None
         self._rf_segment: Any = None
@@ -229,9 +235,11 @@ class Window:
                 self.on_done(self)
         # only while the recorder is in place: an epoch that ends in the warmup must not eat the first measured step
         self.skip_next_data = epoch_end and self.state in (UNSYNC, SYNC)
+        self.epoch_end_work = self.skip_next_data
 
     def _start_unsync(self) -> None:
         self.sync()  # the warmup's queued GPU work must not run inside the window
+        self.trainer.writer.drain(wait=True)  # nor a checkpoint write of an epoch that ended in the warmup
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             self.mem_before = dict(torch.cuda.memory_stats(self.device))
