@@ -21,6 +21,12 @@ COPY_CATS = ("gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 MALLOC_CALLS = {"cudaMalloc", "cudaMallocAsync", "cuMemAlloc", "cuMemAlloc_v2", "cuMemCreate"}
 FREE_CALLS = {"cudaFree", "cudaFreeAsync", "cuMemFree", "cuMemFree_v2", "cuMemRelease"}
+CAPTURE_CALLS = {
+    "cudaStreamBeginCapture",
+    "cudaStreamBeginCapture_v2",
+    "cuStreamBeginCapture",
+    "cuStreamBeginCapture_v2",
+}
 
 # order matters: cuDNN's batch-norm kernels are norms, implicit-GEMM convolutions are convolutions, not GEMMs
 _CATEGORY_RULES = (
@@ -197,6 +203,7 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
     kernel_us = sum(float(k["dur"]) for k in t.kernels)
     mallocs = sum(1 for r in t.runtime if r.get("name") in MALLOC_CALLS)
     frees = sum(1 for r in t.runtime if r.get("name") in FREE_CALLS)
+    captures = sum(1 for r in t.runtime if r.get("name") in CAPTURE_CALLS)
     owner = kernel_phases(t)
     phase_gpu_us: dict[str, float] = defaultdict(float)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -265,6 +272,7 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
         "tensor_core_frac": tc_us / kernel_us if kernel_us else 0.0,
         "malloc_per_step": mallocs / steps,
         "free_per_step": frees / steps,
+        "captures": captures,  # CUDA graph captures begun inside the window: their allocations are growth
         "gpu_ms": {
             p: phase_gpu_us.get(p, 0.0) / 1000 / steps for p in (*PHASES, "other") if p in phase_gpu_us or p in PHASES
         },

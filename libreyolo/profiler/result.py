@@ -44,6 +44,7 @@ def run_meta(trainer: Any) -> dict[str, Any]:
         "cache": str(c.cache).lower(),
         "channels_last": bool(c.channels_last),
         "cpus": cpu_count(),
+        "graph_full_step": bool(s.family.capture.full_step),
         "torch": torch.__version__,
         "libreyolo": __version__,
     }
@@ -54,23 +55,37 @@ def _memory(w: Window, steps: int) -> dict[str, Any]:
     if w.device.type != "cuda":
         return {
             "alloc_retries": 0,
+            "ooms": 0,
             "stat_alloc_per_step": 0.0,
+            "stat_malloc_per_step": 0.0,
+            "stat_free_per_step": 0.0,
             "peak_allocated_mb": None,
             "peak_reserved_mb": None,
             "total_mb": None,
             "vram_frac": None,
+            "reserved_frac": None,
+            "device_used_frac": None,
+            "other_process_mb": None,
         }
     b, a = w.mem_before, w.mem_after
     delta = lambda k: max(int(a.get(k, 0)) - int(b.get(k, 0)), 0)  # noqa: E731
     free, total = torch.cuda.mem_get_info(w.device)
     used = max(w.peak_reserved, total - free)
+    # what the device holds beyond this process's reservation right now: other processes (and CUDA contexts)
+    other = max(total - free - torch.cuda.memory_reserved(w.device), 0)
     return {
         "alloc_retries": delta("num_alloc_retries"),
+        "ooms": delta("num_ooms"),
         "stat_alloc_per_step": (delta("num_device_alloc") + delta("num_device_free")) / max(steps, 1),
+        "stat_malloc_per_step": delta("num_device_alloc") / max(steps, 1),
+        "stat_free_per_step": delta("num_device_free") / max(steps, 1),
         "peak_allocated_mb": w.peak_allocated / 2**20,
         "peak_reserved_mb": w.peak_reserved / 2**20,
         "total_mb": total / 2**20,
         "vram_frac": used / total if total else None,
+        "reserved_frac": w.peak_reserved / total if total else None,
+        "device_used_frac": (total - free) / total if total else None,
+        "other_process_mb": other / 2**20,
     }
 
 
@@ -94,7 +109,14 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
         "free_per_step": a["free_per_step"],
         # the trace's count, or the allocator's own counters when CUPTI saw fewer calls
         "alloc_calls_per_step": max(a["malloc_per_step"] + a["free_per_step"], mem["stat_alloc_per_step"]),
+        "malloc_calls_per_step": max(a["malloc_per_step"], mem["stat_malloc_per_step"]),
+        "free_calls_per_step": max(a["free_per_step"], mem["stat_free_per_step"]),
         "alloc_retries": mem["alloc_retries"],
+        "ooms": mem["ooms"],
+        "reserved_frac": mem["reserved_frac"],
+        "device_used_frac": mem["device_used_frac"],
+        "other_process_mb": mem["other_process_mb"],
+        "captures_in_window": a["captures"],
         "peak_allocated_mb": mem["peak_allocated_mb"],
         "peak_reserved_mb": mem["peak_reserved_mb"],
         "total_mb": mem["total_mb"],
