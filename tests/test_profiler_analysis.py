@@ -119,12 +119,13 @@ def headline(**kw):
     "figures,meta,verdict,first_try",
     [
         (
-            dict(alloc_calls_per_step=12.0, data_frac=0.5),
+            dict(alloc_calls_per_step=12.0, malloc_per_step=6.0, free_per_step=6.0, data_frac=0.5),
             {},
             MEMORY,
             {"batch": 8},
-        ),  # memory pressure wins over everything
-        (dict(vram_frac=0.97, utilization=0.95), {}, MEMORY, {"batch": 8}),
+        ),  # memory pressure (churn: frees) wins over everything
+        # this run's reservation at the edge, no churn: memory-pressure, but no smaller batch is tried
+        (dict(peak_reserved_mb=97_000.0, total_mb=100_000.0, utilization=0.95), {}, MEMORY, None),
         (dict(alloc_retries=3), {}, MEMORY, {"batch": 8}),
         (dict(data_frac=0.35, data_ms=35.0, utilization=0.95), {}, DATALOADER, {"workers": 8}),
         (dict(data_frac=0.35, data_ms=35.0), {"workers": 16}, DATALOADER, {"cache": "ram"}),  # no CPU left for workers
@@ -152,8 +153,9 @@ def test_why_carries_the_evidence():
     assert (
         "31%" in v.why and "1214 kernels per step" in v.why and "9.8 µs" in v.why and "cuda_graph=true" in v.levers[0]
     )
-    v = decide(headline(alloc_calls_per_step=38.0, utilization=0.4), META)
-    assert "38.0 cudaMalloc/cudaFree calls per step" in v.why and "unreliable" in v.why and "batch=8" in v.levers[0]
+    v = decide(headline(alloc_calls_per_step=38.0, malloc_per_step=19.0, free_per_step=19.0, utilization=0.4), META)
+    assert "19.0 cudaFree and 19.0 cudaMalloc calls per step" in v.why and "unreliable" in v.why
+    assert "batch=8" in v.levers[0]
     v = decide(headline(data_frac=0.62, data_ms=62.0), META)
     assert "62%" in v.why and "62.0 of 100.0 ms" in v.why and "workers=8" in v.levers[0]
 

@@ -1,19 +1,26 @@
 """One verdict per report, from the unsynchronised half only, checked in this order:
 
-1. memory-pressure  allocator thrash (>= 5 cudaMalloc/cudaFree per step), allocator retries, or VRAM at the edge
+1. memory-pressure  allocator churn only: >= 2.5 cudaFree per step, allocator retries, an out-of-memory error that
+                    was recovered from, or memory reserved by this process >= 95% of the device
 2. dataloader       the step waits on input >= 20% of its time
 3. compute          GPU utilization >= 80%
 4. host / launch    otherwise: the GPU is fed too slowly
 
 A CUDA run whose trace holds no kernel records gets "unknown: no GPU kernel records" instead of a guess; a
-CPU run (no GPU to be idle) gets dataloader or compute."""
+CPU run (no GPU to be idle) gets dataloader or compute.
+
+One-time growth (cudaMalloc calls with no cudaFree and no retry: the caching allocator growing, or a CUDA graph
+capture allocating its pool) is reported in `why` but never decides. Neither does memory that other processes
+hold: a device that is full because of them gets a leading sentence saying so, and the verdict comes from this
+run's own figures."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-MALLOC_PER_STEP = 5.0
+MALLOC_PER_STEP = 5.0  # cudaMalloc per step worth reporting as growth (it never decides alone)
+FREE_PER_STEP = 2.5  # cudaFree per step that is churn: memory handed back to the driver and taken again
 DATA_FRAC = 0.20
 UTILIZATION = 0.80
 VRAM_EDGE = 0.95
@@ -63,47 +70,132 @@ def _prefetch_caveat(h: dict[str, Any], meta: dict[str, Any]) -> str:
     )
 
 
+def _gib(mb: float) -> str:
+    return f"{mb / 1024:.1f} GiB"
+
+
+def memory_figures(h: dict[str, Any]) -> dict[str, Any]:
+    """The allocator and memory figures the verdict reads, from a headline old or new (missing figures: 0/None).
+
+    frees: cudaFree calls per step (the larger of the trace's and the allocator's own count); reserved_frac: this
+    process's peak reserved memory over the device's total; device_frac / other_mb: the whole device's use and
+    the part of it other processes hold, when the run recorded them."""
+    frees = h.get("free_calls_per_step")
+    if frees is None:
+        frees = h.get("free_per_step", 0.0)
+    mallocs = h.get("malloc_calls_per_step")
+    if mallocs is None:
+        mallocs = h.get("malloc_per_step", 0.0)
+    total, reserved = h.get("total_mb"), h.get("peak_reserved_mb")
+    reserved_frac = h.get("reserved_frac")
+    if reserved_frac is None and total and reserved is not None:
+        reserved_frac = reserved / total
+    return {
+        "malloc_per_step": float(mallocs or 0.0),
+        "free_per_step": float(frees or 0.0),
+        "alloc_retries": int(h.get("alloc_retries") or 0),
+        "ooms": int(h.get("ooms") or 0),
+        "reserved_frac": reserved_frac,
+        "peak_reserved_mb": reserved,
+        "total_mb": total,
+        "device_frac": h.get("device_used_frac"),
+        "other_mb": h.get("other_process_mb"),
+        "captures": int(h.get("captures_in_window") or 0),
+    }
+
+
+def _memory_notes(m: dict[str, Any], churn: bool) -> tuple[str, str]:
+    """(leading sentence on a device that other processes fill, trailing sentences on growth and captures)."""
+    lead = ""
+    own_edge = m["reserved_frac"] is not None and m["reserved_frac"] >= VRAM_EDGE
+    if m["device_frac"] is not None and m["device_frac"] >= VRAM_EDGE and m["other_mb"] is not None and not own_edge:
+        own = f"{_gib(m['peak_reserved_mb'])}" if m["peak_reserved_mb"] is not None else "an unknown amount"
+        lead = (
+            f"The device is {_pct(m['device_frac'])} full: {_gib(m['other_mb'])} held by other processes, "
+            f"{own} reserved by this run at its peak. "
+        )
+    tail = ""
+    if not churn and m["malloc_per_step"] >= MALLOC_PER_STEP:
+        tail += (
+            f" The allocator made {m['malloc_per_step']:.1f} cudaMalloc per step with {m['free_per_step']:.1f} "
+            f"cudaFree and {m['alloc_retries']} retries: growth, not churn, so it does not decide the verdict."
+        )
+    if m["captures"]:
+        tail += (
+            f" {m['captures']} CUDA graph capture(s) ran inside the measured window (cudaStreamBeginCapture in the "
+            "trace): their steps' figures include capture work; a larger profile_warmup measures after them."
+        )
+    return lead, tail
+
+
 def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
     """h: headline figures (step_ms, data_ms, data_frac, utilization, kernels_per_step, mean_kernel_us,
-    alloc_calls_per_step, alloc_retries, vram_frac, ...); meta: the run's settings."""
+    malloc/free calls per step, alloc_retries, ooms, peak_reserved_mb, total_mb, device_used_frac, ...);
+    meta: the run's settings."""
+    v = _decide(h, meta)
+    if not meta["device"].startswith("cuda"):
+        return v
+    m = memory_figures(h)
+    churn = m["free_per_step"] >= FREE_PER_STEP or m["alloc_retries"] > 0 or m["ooms"] > 0
+    lead, tail = _memory_notes(m, churn)
+    v.why = (lead + v.why[:1].upper() + v.why[1:] if lead else v.why) + tail
+    v.evidence.update(
+        malloc_per_step=m["malloc_per_step"],
+        free_per_step=m["free_per_step"],
+        ooms=m["ooms"],
+        reserved_frac=m["reserved_frac"],
+        device_used_frac=m["device_frac"],
+        other_process_mb=m["other_mb"],
+        captures_in_window=m["captures"],
+    )
+    return v
+
+
+def _decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
     on_cuda = meta["device"].startswith("cuda")
     batch, workers, cpus = int(meta["batch"]), int(meta["workers"]), int(meta.get("cpus", 1))
     step, data = h["step_ms"], h["data_ms"]
     util = h.get("utilization")
-    churn = h.get("alloc_calls_per_step", 0.0)
     vram = h.get("vram_frac")
-    retries = h.get("alloc_retries", 0)
+    m = memory_figures(h)
+    frees, retries, ooms, reserved = m["free_per_step"], m["alloc_retries"], m["ooms"], m["reserved_frac"]
     evidence = {
         "data_frac": h["data_frac"],
         "utilization": util,
-        "alloc_calls_per_step": churn,
+        "alloc_calls_per_step": h.get("alloc_calls_per_step", 0.0),
         "vram_frac": vram,
         "alloc_retries": retries,
     }
 
-    if on_cuda and (churn >= MALLOC_PER_STEP or retries > 0 or (vram is not None and vram >= VRAM_EDGE)):
+    churn = frees >= FREE_PER_STEP or retries > 0 or ooms > 0
+    edge = reserved is not None and reserved >= VRAM_EDGE
+    if on_cuda and (churn or edge):
         parts = []
-        if churn >= MALLOC_PER_STEP:
+        if frees >= FREE_PER_STEP:
             parts.append(
-                f"the CUDA allocator made {churn:.1f} cudaMalloc/cudaFree calls per step (threshold "
-                f"{MALLOC_PER_STEP:g})"
+                f"the CUDA allocator made {frees:.1f} cudaFree and {m['malloc_per_step']:.1f} cudaMalloc calls per "
+                f"step (threshold {FREE_PER_STEP:g} cudaFree)"
             )
         if retries > 0:
             parts.append(f"{retries} allocation(s) failed and were retried after freeing the cache")
-        if vram is not None and vram >= VRAM_EDGE:
-            parts.append(f"peak memory reached {_pct(vram)} of the GPU (threshold {_pct(VRAM_EDGE)})")
+        if ooms > 0:
+            parts.append(f"{ooms} out-of-memory error(s) were raised and recovered from")
+        if edge:
+            parts.append(
+                f"this run reserved {_pct(reserved)} of the device at its peak "
+                f"({_gib(m['peak_reserved_mb'])} of {_gib(m['total_mb'])}, threshold {_pct(VRAM_EDGE)})"
+            )
         util_txt = f" (measured {_pct(util)})" if util is not None else ""
-        return Verdict(
-            MEMORY,
-            "; ".join(parts) + f". Utilization figures{util_txt} are unreliable while the allocator thrashes.",
-            [
-                f"lower batch (batch={max(batch // 2, 1)}; now {batch})",
-                "less activation memory: amp=true, a smaller imgsz, or a smaller model",
-                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
-            ],
-            {"batch": max(batch // 2, 1)} if batch > 1 else None,
-            evidence,
-        )
+        tail = f". Utilization figures{util_txt} are unreliable while the allocator churns." if churn else "."
+        levers = [
+            f"lower batch (batch={max(batch // 2, 1)}; now {batch})",
+            "less activation memory: amp=true, a smaller imgsz, or a smaller model",
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
+        ]
+        # a smaller batch is tried only after real churn or an OOM: reserved memory at the edge alone is the
+        # caching allocator keeping what it took, which a smaller batch need not change
+        lever = {"batch": max(batch // 2, 1)} if churn and batch > 1 else None
+        return Verdict(MEMORY, "; ".join(parts) + tail, levers, lever, evidence)
 
     if h["data_frac"] >= DATA_FRAC:
         more = min(cpus, max(2 * workers, workers + 2))
@@ -174,17 +266,24 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
             evidence,
         )
 
-    graph_on = str(meta.get("cuda_graph", "false")).lower() not in ("false", "0", "")
+    graph = str(meta.get("cuda_graph", "false")).lower()
+    graph_on = graph not in ("false", "0", "")
+    full_ok = bool(meta.get("graph_full_step"))  # the family can capture the whole step (Family.capture.full_step)
     levers = [f"larger batch (batch={2 * batch}; now {batch})", "fewer per-step host syncs (.item(), .cpu(), printing)"]
     if not graph_on:
         levers.insert(0, "cuda_graph=true: one graph replay per step instead of launching every kernel")
+        lever: dict[str, Any] = {"cuda_graph": True}
+    elif graph != "full" and full_ok:
+        levers.insert(0, "cuda_graph=full: capture the whole step (loss, optimizer, EMA), not only the network")
+        lever = {"cuda_graph": "full"}
+    else:
+        lever = {"batch": 2 * batch}
     return Verdict(
         HOST,
-        f"the GPU ran kernels only {_pct(util)} of the step (threshold {_pct(UTILIZATION)}) and the loader is not the "
-        "cause "
-        f"(data wait {_pct(h['data_frac'])}): {kernels}; the host cannot launch work fast enough to keep the GPU fed."
-        + _prefetch_caveat(h, meta),
+        f"the GPU ran kernels only {_pct(util)} of the step (threshold {_pct(UTILIZATION)}), idle "
+        f"{_pct(1 - util)}, and the data wait covers only {_pct(h['data_frac'])} of it: the rest of the idle time "
+        f"is host time ({kernels})." + _prefetch_caveat(h, meta),
         levers,
-        {"cuda_graph": True} if not graph_on else {"batch": 2 * batch},
+        lever,
         evidence,
     )

@@ -1,0 +1,144 @@
+"""Verdict rules on headlines shaped like the two H200 reports that came out wrong (the issue's figures), and
+the churn that must still be memory-pressure. Constructed from the reported figures; no GPU, milliseconds each."""
+
+import pytest
+
+from libreyolo.profiler.analysis import analyze_trace, slice_trace
+from libreyolo.profiler.verdict import COMPUTE, HOST, MEMORY, decide
+
+H200_MB = 143_771.0  # torch.cuda.mem_get_info total of an H200, MiB
+
+
+def h200(**kw):
+    """A CUDA headline with every figure result.build_profile records; quiet allocator, 10 GiB used."""
+    h = {
+        "step_ms": 190.0,
+        "data_ms": 4.0,
+        "data_frac": 0.02,
+        "img_s": 334.0,
+        "utilization": 0.93,
+        "kernels_per_step": 900,
+        "mean_kernel_us": 190.0,
+        "tensor_core_frac": 0.7,
+        "malloc_per_step": 0.0,
+        "free_per_step": 0.0,
+        "alloc_calls_per_step": 0.0,
+        "malloc_calls_per_step": 0.0,
+        "free_calls_per_step": 0.0,
+        "alloc_retries": 0,
+        "ooms": 0,
+        "peak_allocated_mb": 9_500.0,
+        "peak_reserved_mb": 10_240.0,
+        "total_mb": H200_MB,
+        "vram_frac": 10_240.0 / H200_MB,
+        "reserved_frac": 10_240.0 / H200_MB,
+        "device_used_frac": 10_800.0 / H200_MB,
+        "other_process_mb": 560.0,
+        "captures_in_window": 0,
+        "steps_to_verdict_end": 60,
+    }
+    h.update(kw)
+    return h
+
+
+META_9S_FULL = {
+    "device": "cuda:0",
+    "batch": 64,
+    "workers": 8,
+    "cpus": 16,
+    "amp": True,
+    "amp_dtype": "bfloat16",
+    "cuda_graph": "full",
+    "graph_full_step": True,
+}
+GROWTH = dict(malloc_per_step=36.8, alloc_calls_per_step=36.8, malloc_calls_per_step=36.8)
+
+
+def test_growth_only_mallocs_do_not_decide():
+    """Issue case 1: 36.8 cudaMalloc per step, 0 cudaFree, 0 retries, 10 of 143 GB: the allocator growing."""
+    v = decide(h200(**GROWTH), META_9S_FULL)
+    assert v.name == COMPUTE, v.why
+    assert "93%" in v.why  # the verdict comes from the step's own utilization
+    assert "36.8 cudaMalloc per step with 0.0 cudaFree and 0 retries" in v.why and "growth, not churn" in v.why
+    assert "unreliable" not in v.why
+    assert v.try_overrides is None or "batch" not in v.try_overrides  # never a smaller batch on growth
+    # growth under a low utilization is host-bound, still not memory
+    assert decide(h200(utilization=0.4, **GROWTH), META_9S_FULL).name == HOST
+
+
+def test_a_capture_inside_the_window_is_reported_and_its_allocations_do_not_decide():
+    v = decide(h200(captures_in_window=1, **GROWTH), META_9S_FULL)
+    assert v.name == COMPUTE
+    assert "1 CUDA graph capture(s) ran inside the measured window" in v.why and "profile_warmup" in v.why
+    assert v.evidence["captures_in_window"] == 1
+
+
+def test_the_analysis_counts_captures_in_the_window():
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "libreyolo::segment", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamBeginCapture", "ts": 10, "dur": 1, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMalloc", "ts": 20, "dur": 1, "pid": 1, "tid": 1},
+        # outside the window (warm-up): not counted
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamBeginCapture", "ts": 5000, "dur": 1, "pid": 1, "tid": 1},
+    ]
+    a = analyze_trace(slice_trace({"traceEvents": ev}), steps=1, on_cuda=True)
+    assert a["captures"] == 1 and a["malloc_per_step"] == 1 and a["free_per_step"] == 0
+
+
+META_9T_EAGER = {**META_9S_FULL, "batch": 16, "cuda_graph": "false", "graph_full_step": True}
+
+
+def test_a_device_full_of_other_processes_is_a_headline_not_the_verdict():
+    """Issue case 2: another process holds all but 4.5 GiB; this run reserved 3.4 GB, no allocator calls."""
+    free = 4.5 * 1024
+    other = H200_MB - free - 3_400.0
+    h = h200(
+        utilization=0.35,
+        peak_allocated_mb=3_100.0,
+        peak_reserved_mb=3_400.0,
+        reserved_frac=3_400.0 / H200_MB,
+        vram_frac=(H200_MB - free) / H200_MB,
+        device_used_frac=(H200_MB - free) / H200_MB,
+        other_process_mb=other,
+    )
+    v = decide(h, META_9T_EAGER)
+    assert v.name == HOST and v.try_overrides == {"cuda_graph": True}
+    assert v.why.startswith("The device is 97% full: 132.6 GiB held by other processes, 3.3 GiB reserved by this run")
+    assert "at its peak. The GPU ran kernels only 35% of the step" in v.why and "unreliable" not in v.why
+    assert v.evidence["other_process_mb"] == pytest.approx(other)
+
+
+def test_real_churn_is_still_memory_pressure():
+    v = decide(
+        h200(
+            utilization=0.6, free_per_step=12.0, free_calls_per_step=12.0, malloc_calls_per_step=12.0, alloc_retries=3
+        ),
+        META_9T_EAGER,
+    )
+    assert v.name == MEMORY and v.try_overrides == {"batch": 8}
+    assert "12.0 cudaFree and 12.0 cudaMalloc calls per step" in v.why and "3 allocation(s)" in v.why
+    # an OOM that was caught and recovered from is churn too
+    v = decide(h200(ooms=1), META_9T_EAGER)
+    assert v.name == MEMORY and v.try_overrides == {"batch": 8} and "1 out-of-memory" in v.why
+
+
+def test_this_processs_reservation_at_the_edge_is_memory_but_no_batch_is_tried():
+    h = h200(peak_reserved_mb=0.97 * H200_MB, reserved_frac=0.97, vram_frac=0.98, device_used_frac=0.98)
+    v = decide(h, META_9T_EAGER)
+    assert v.name == MEMORY and v.try_overrides is None and "this run reserved 97% of the device" in v.why
+    assert "unreliable" not in v.why
+
+
+@pytest.mark.parametrize(
+    "graph,full_step,first_try",
+    [
+        ("false", True, {"cuda_graph": True}),
+        ("true", True, {"cuda_graph": "full"}),  # cuda_graph=true left it host-bound: capture the whole step
+        ("true", False, {"batch": 32}),  # the family cannot capture the whole step
+        ("full", True, {"batch": 32}),
+    ],
+)
+def test_host_bound_after_cuda_graph_true_tries_full_where_the_family_supports_it(graph, full_step, first_try):
+    v = decide(h200(utilization=0.4), {**META_9T_EAGER, "cuda_graph": graph, "graph_full_step": full_step})
+    assert v.name == HOST and v.try_overrides == first_try
+
