@@ -142,3 +142,57 @@ def test_host_bound_after_cuda_graph_true_tries_full_where_the_family_supports_i
     v = decide(h200(utilization=0.4), {**META_9T_EAGER, "cuda_graph": graph, "graph_full_step": full_step})
     assert v.name == HOST and v.try_overrides == first_try
 
+
+# --- `profile run --try`: which lever is measured, and what the record says --------------------------------------
+
+
+def test_a_smaller_batch_is_tried_only_after_churn_or_an_oom():
+    from libreyolo.profiler.run import lever_refusal
+
+    quiet = {"free_per_step": 0.0, "alloc_retries": 0, "ooms": 0, "malloc_per_step": 36.8}
+    assert "only after allocator churn or an OOM" in lever_refusal(MEMORY, {"batch": 32}, quiet, 0)
+    assert lever_refusal(MEMORY, {"batch": 32}, {**quiet, "free_per_step": 12.0}, 0) is None
+    assert lever_refusal(MEMORY, {"batch": 32}, {**quiet, "alloc_retries": 2}, 0) is None
+    assert lever_refusal(MEMORY, {"batch": 32}, {**quiet, "ooms": 1}, 0) is None
+    assert lever_refusal(HOST, {"cuda_graph": "full"}, quiet, 0) is None
+    assert "no lever" in lever_refusal(COMPUTE, None, quiet, 0)
+    # a window that held a graph capture is not a clean "before"
+    assert "not a clean 'before'" in lever_refusal(HOST, {"cuda_graph": "full"}, quiet, 2)
+
+
+def test_try_says_plainly_when_the_lever_did_not_help(monkeypatch, tmp_path):
+    from libreyolo.profiler import run
+
+    def fake_trials(overrides, base, repeat, prefix):
+        img_s = 330.0 if prefix == "try" else 334.0
+        t = {"verdict": COMPUTE, "img_s": img_s, "step_ms": 190.0, "captures_in_window": 0}
+        return {
+            "trials": [t],
+            "img_s": {"mean": img_s, "std": 0.0},
+            "step_ms": {"mean": 190.0, "std": 0.0},
+            "verdict": COMPUTE,
+        }
+
+    monkeypatch.setattr(run, "trials", fake_trials)
+    trial = {
+        "verdict": HOST,
+        "try": {"cuda_graph": "full"},
+        "lever": "cuda_graph=full",
+        "evidence": {},
+        "captures_in_window": 0,
+    }
+    before = {
+        "trials": [trial],
+        "img_s": {"mean": 334.0, "std": 0.0},
+        "step_ms": {"mean": 190.0, "std": 0.0},
+        "verdict": HOST,
+    }
+    r = run.try_first_lever({}, tmp_path, 1, before)
+    assert r["speedup"] == pytest.approx(330 / 334)
+    assert r["note"] == "the lever did not help: 334.0 img/s before, 330.0 after (0.99x)"
+    # growth-only memory evidence: nothing is trained, the record says why
+    trial.update(verdict=MEMORY, evidence={"free_per_step": 0.0, "alloc_retries": 0, "ooms": 0})
+    trial["try"] = {"batch": 32}
+    before["verdict"] = MEMORY
+    r = run.try_first_lever({}, tmp_path, 1, before)
+    assert r["after"] is None and "only after allocator churn" in r["note"]

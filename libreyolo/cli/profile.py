@@ -154,6 +154,8 @@ def _print_try(console: Console, tr: dict[str, Any]) -> None:
     )
     t.add_row("img/s", f"{b['img_s']['mean']:.1f}", f"{a['img_s']['mean']:.1f}", f"{tr['speedup']:.2f}x")
     console.print(t)
+    if tr.get("note"):
+        console.print(f"  {tr['note']}")
     console.print(f"  written to {tr['path']}")
 
 

@@ -20,6 +20,7 @@ from libreyolo.engine.rundir import increment_run_dir
 from libreyolo.errors import LibreYOLOError
 from libreyolo.profiler.artifacts import write_json
 from libreyolo.profiler.schema import load_profile
+from libreyolo.profiler.verdict import FREE_PER_STEP, MEMORY
 
 REPEAT_SCHEMA = "libreyolo.profile_repeat/v1"
 TRY_SCHEMA = "libreyolo.profile_try/v1"
@@ -83,6 +84,8 @@ def _trial(p: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         "data_frac": h["data_frac"],
         "try": p["verdict"]["try"],
         "lever": p["verdict"]["levers"][0] if p["verdict"]["levers"] else None,
+        "evidence": p["verdict"].get("evidence", {}),
+        "captures_in_window": int(h.get("captures_in_window") or 0),
     }
 
 
@@ -125,8 +128,47 @@ def run_profile(
     return result
 
 
+NO_GAIN = 1.02  # an after/before img/s ratio below this is reported as "did not help"
+
+
+def lever_refusal(verdict: str, lever: dict[str, Any] | None, evidence: dict[str, Any], captures: int) -> str | None:
+    """Why `--try` will not apply this lever, or None when the evidence is strong enough to measure it.
+
+    A smaller batch is tried only after real churn (cudaFree calls, allocator retries) or a recovered OOM; no
+    lever is tried from a window that held a CUDA graph capture, which is not a clean "before"."""
+    if lever is None:
+        return f"verdict {verdict!r} has no lever that a setting can try here"
+    if captures:
+        return (
+            f"the measured window held {captures} CUDA graph capture(s), so it is not a clean 'before' to compare "
+            "with; rerun with a larger --warmup"
+        )
+    if verdict == MEMORY and "batch" in lever:
+        frees = float(evidence.get("free_per_step") or 0.0)
+        retries, ooms = int(evidence.get("alloc_retries") or 0), int(evidence.get("ooms") or 0)
+        if frees < FREE_PER_STEP and retries == 0 and ooms == 0:
+            return (
+                f"a smaller batch is tried only after allocator churn or an OOM; this window had {frees:.1f} cudaFree "
+                f"per step, {retries} retries and {ooms} OOMs"
+            )
+    return None
+
+
+def try_outcome(before_img_s: float, after_img_s: float) -> tuple[float | None, str | None]:
+    """(after/before img/s, a plain sentence when the lever did not help)."""
+    if not before_img_s:
+        return None, None
+    speedup = after_img_s / before_img_s
+    if speedup < NO_GAIN:
+        return speedup, (
+            f"the lever did not help: {before_img_s:.1f} img/s before, {after_img_s:.1f} after ({speedup:.2f}x)"
+        )
+    return speedup, None
+
+
 def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: dict[str, Any]) -> dict[str, Any]:
-    """Apply the verdict's first lever, measure again under the same settings otherwise, and compare."""
+    """Apply the verdict's first lever when its evidence is strong, measure again under the same settings and
+    window length otherwise, and compare."""
     common = Counter(t["verdict"] for t in before["trials"]).most_common(1)[0][0]
     source = next(t for t in before["trials"] if t["verdict"] == common)
     lever = source["try"]
@@ -137,10 +179,20 @@ def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: 
         "lever_text": source["lever"],
         "before": {"step_ms": before["step_ms"], "img_s": before["img_s"], "verdict": before["verdict"]},
     }
-    if lever is None:
-        record.update(after=None, speedup=None, note=f"verdict {common!r} has no lever that a setting can try here")
+    refusal = lever_refusal(
+        common, lever, source.get("evidence", {}), max(t.get("captures_in_window", 0) for t in before["trials"])
+    )
+    if refusal is not None:
+        record.update(after=None, speedup=None, note=refusal)
     else:
+        assert lever is not None
         after = trials({**overrides, **lever}, base, repeat, "try")
+        speedup, note = try_outcome(before["img_s"]["mean"], after["img_s"]["mean"])
+        captured = max(t.get("captures_in_window", 0) for t in after["trials"])
+        if captured:
+            note = (note + "; " if note else "") + (
+                f"the 'after' window held {captured} CUDA graph capture(s): the comparison is not clean"
+            )
         record.update(
             after={
                 "step_ms": after["step_ms"],
@@ -148,7 +200,8 @@ def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: 
                 "verdict": after["verdict"],
                 "trials": after["trials"],
             },
-            speedup=after["img_s"]["mean"] / before["img_s"]["mean"] if before["img_s"]["mean"] else None,
+            speedup=speedup,
+            note=note,
         )
     write_json(base / "profile_try.json", record)
     record["path"] = str(base / "profile_try.json")
