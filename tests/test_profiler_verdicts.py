@@ -103,7 +103,10 @@ def test_a_device_full_of_other_processes_is_a_headline_not_the_verdict():
     )
     v = decide(h, META_9T_EAGER)
     assert v.name == HOST and v.try_overrides == {"cuda_graph": True}
-    assert v.why.startswith("The device is 97% full: 132.6 GiB held by other processes, 3.3 GiB reserved by this run")
+    assert v.why.startswith(
+        "The device is 97% full: 132.6 GiB held outside this run's allocator (other processes, CUDA contexts), "
+        "3.3 GiB reserved by this run"
+    )
     assert "at its peak. The GPU ran kernels only 35% of the step" in v.why and "unreliable" not in v.why
     assert v.evidence["other_process_mb"] == pytest.approx(other)
 

@@ -111,7 +111,8 @@ def _memory_notes(m: dict[str, Any], churn: bool) -> tuple[str, str]:
     if m["device_frac"] is not None and m["device_frac"] >= VRAM_EDGE and m["other_mb"] is not None and not own_edge:
         own = f"{_gib(m['peak_reserved_mb'])}" if m["peak_reserved_mb"] is not None else "an unknown amount"
         lead = (
-            f"The device is {_pct(m['device_frac'])} full: {_gib(m['other_mb'])} held by other processes, "
+            f"The device is {_pct(m['device_frac'])} full: {_gib(m['other_mb'])} held outside this run's allocator "
+            "(other processes, CUDA contexts), "
             f"{own} reserved by this run at its peak. "
         )
     tail = ""
