@@ -15,6 +15,46 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_start_event(**changes):
+    """A valid run_start of a small CPU LibreYOLO9t run; tests pass only the fields their case is about."""
+    from libreyolo import events as ev
+    from libreyolo.families import get_family
+
+    fields = dict(
+        run_dir="runs/train/exp",
+        model="LibreYOLO9t",
+        family="yolo9",
+        task="detect",
+        nc=1,
+        names=["a"],
+        data="d.yaml",
+        epochs=3,
+        start_epoch=0,
+        batch=8,
+        batch_per_rank=8,
+        accumulate=8,
+        world_size=1,
+        imgsz=64,
+        device="cpu",
+        amp=False,
+        amp_dtype="float32",
+        cuda_graph="auto",
+        cuda_graph_mode="false",
+        cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
+        loss_terms=list(get_family("yolo9").loss_terms),
+        workers=0,
+        optimizer="AdamW",
+        steps_per_epoch=2,
+        train_images=16,
+        val_images=8,
+        params=1,
+        pid=1,
+        resumed=False,
+        config={},
+    )
+    return ev.RunStart(**{**fields, **changes})
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["LIBREYOLO_CACHE"] = str(tmp_path_factory.mktemp("libreyolo-cache"))

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
+from conftest import run_start_event
 
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
@@ -51,11 +52,10 @@ def _config(**changes: Any) -> dict[str, Any]:
 
 
 def _run_start(config: dict[str, Any], terms: tuple[str, ...], epochs: int, start_epoch: int, t: float) -> ev.RunStart:
-    return ev.RunStart(
+    return run_start_event(
         run_dir="runs/train/x",
         model=config["model"],
         family="yolox" if terms == YOLOX else "yolo9",
-        task="detect",
         nc=3,
         names=["circle", "square", "triangle"],
         data="shapes",
@@ -64,12 +64,10 @@ def _run_start(config: dict[str, Any], terms: tuple[str, ...], epochs: int, star
         batch=config["batch"],
         batch_per_rank=config["batch"],
         accumulate=1,
-        world_size=1,
         imgsz=config["imgsz"],
         device="cuda:0",
         amp=True,
         amp_dtype="bfloat16",
-        cuda_graph="auto",
         cuda_graph_mode="full",
         cuda_graph_reason="cuda_graph=auto: the whole step in one graph",
         loss_terms=list(terms),

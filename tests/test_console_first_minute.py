@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from conftest import run_start_event
 
 import libreyolo.families
 from libreyolo_console import app as console_app
@@ -149,45 +150,25 @@ def test_the_first_paint_does_not_wait_for_torch():
 def _resumed_run(run_dir, epochs: int = 30) -> None:
     """Two processes: epoch 1 in 34 s, interrupted; resumed 66 s later, epoch 2 in 24 s, interrupted again."""
     from libreyolo import events as ev
-    from libreyolo.families import get_family
 
     w = ev.EventWriter(run_dir / "events.jsonl")
     t0 = time.time() - 3600
     for part, (start, took) in enumerate(((t0, 34.0), (t0 + 100, 24.0))):
         w.write(
-            ev.RunStart(
+            run_start_event(
                 run_dir=str(run_dir),
-                model="LibreYOLO9t",
-                family="yolo9",
-                task="detect",
-                nc=1,
-                names=["a"],
                 data="shapes",
                 epochs=epochs,
                 start_epoch=part,
-                batch=8,
-                batch_per_rank=8,
-                accumulate=8,
-                world_size=1,
-                imgsz=64,
-                device="cpu",
-                amp=False,
-                amp_dtype="float32",
-                cuda_graph="auto",
-                cuda_graph_mode="false",
                 cuda_graph_reason="eager on cpu",
-                loss_terms=list(get_family("yolo9").loss_terms),
-                workers=0,
                 optimizer="SGD",
                 steps_per_epoch=4,
                 train_images=32,
-                val_images=8,
                 params=1000,
                 pid=9_999_999,
                 resumed=part > 0,
-                config={},
                 t=start,
-            )  # fmt: skip
+            )
         )
         w.write(ev.EpochStart(epoch=part, epochs=epochs, steps=4, mosaic=True, t=start + 1))
         losses = {"box": 1.0, "cls": 1.0, "dfl": 1.0}

@@ -2,12 +2,12 @@
 stand-in NVML library), themes and the remembered settings."""
 
 import pytest
+from conftest import run_start_event
 
 from libreyolo import events as ev
 from libreyolo.cli.args import parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import LibreYOLOError
-from libreyolo.families import get_family
 from libreyolo_console import command
 from libreyolo_console.gpu import GpuSampler
 from libreyolo_console.settings import load_settings, save_settings, settings_path
@@ -23,37 +23,13 @@ def _d(e: ev.Event) -> dict:
 
 def _run_start(steps=10, t=0.0):
     return _d(
-        ev.RunStart(
+        run_start_event(
             run_dir="runs/exp",
-            model="LibreYOLO9t",
-            family="yolo9",
-            task="detect",
-            nc=1,
-            names=["a"],
-            data="d.yaml",
-            epochs=3,
-            start_epoch=0,
-            batch=8,
-            batch_per_rank=8,
-            accumulate=8,
-            world_size=1,
-            imgsz=64,
-            device="cpu",
-            amp=False,
-            amp_dtype="float32",
-            cuda_graph="auto",
-            cuda_graph_mode="false",
-            cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
-            loss_terms=list(get_family("yolo9").loss_terms),
-            workers=0,
             optimizer="AdamW(lr=0.001, momentum=0.9)",
             steps_per_epoch=steps,
             train_images=32,
-            val_images=8,
             params=1000,
-            pid=1,
             resumed=True,
-            config={},
             t=t,
         )
     )

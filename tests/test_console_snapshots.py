@@ -8,6 +8,7 @@ and look at the SVGs before committing them."""
 import time
 
 import pytest
+from conftest import run_start_event
 
 from libreyolo import events as ev
 from libreyolo.families import get_family
@@ -43,25 +44,19 @@ class FixedSampler:
 
 def _start(epochs: int, t: float = T0, device: str = "cuda:0") -> ev.RunStart:
     cpu = not device.startswith("cuda")
-    return ev.RunStart(
-        run_dir="runs/train/exp",
+    return run_start_event(
         model="LibreYOLO9s",
-        family="yolo9",
-        task="detect",
         nc=3,
         names=["circle", "square", "triangle"],
         data="shapes",
         epochs=epochs,
-        start_epoch=0,
         batch=64,
         batch_per_rank=64,
         accumulate=1,
-        world_size=1,
         imgsz=640,
         device=device,
         amp=not cpu,
         amp_dtype="float32" if cpu else "bfloat16",
-        cuda_graph="auto",
         cuda_graph_mode="false" if cpu else "full",
         cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu"
         if cpu
@@ -74,8 +69,6 @@ def _start(epochs: int, t: float = T0, device: str = "cuda:0") -> ev.RunStart:
         val_images=640,
         params=6_550_000,
         pid=4242,
-        resumed=False,
-        config={},
         t=t,
     )
 

@@ -9,9 +9,9 @@ import time
 
 import psutil
 import pytest
+from conftest import run_start_event
 
 from libreyolo import events as ev
-from libreyolo.families import get_family
 from libreyolo_console import supervisor
 from libreyolo_console.runs import CRASHED, LIVE, classify, find_runs
 from libreyolo_console.supervisor import ProcessRecord, ProcessTree, is_alive, launch, read_record, record_alive, stop
@@ -167,39 +167,7 @@ def _events(run_dir, *items):
 
 
 def _start(pid=1, t=1000.0, epochs=3):
-    return ev.RunStart(
-        run_dir="x",
-        model="LibreYOLO9t",
-        family="yolo9",
-        task="detect",
-        nc=3,
-        names=["a", "b", "c"],
-        data="d.yaml",
-        epochs=epochs,
-        start_epoch=0,
-        batch=8,
-        batch_per_rank=8,
-        accumulate=8,
-        world_size=1,
-        imgsz=64,
-        device="cpu",
-        amp=False,
-        amp_dtype="float32",
-        cuda_graph="auto",
-        cuda_graph_mode="false",
-        cuda_graph_reason="cuda_graph=auto: CUDA graphs need a CUDA device; training eager on cpu",
-        loss_terms=list(get_family("yolo9").loss_terms),
-        workers=0,
-        optimizer="AdamW",
-        steps_per_epoch=2,
-        train_images=16,
-        val_images=8,
-        params=1,
-        pid=pid,
-        resumed=False,
-        config={},
-        t=t,
-    )
+    return run_start_event(run_dir="x", nc=3, names=["a", "b", "c"], epochs=epochs, pid=pid, t=t)
 
 
 def _end(status, t=2000.0):

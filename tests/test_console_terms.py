@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from conftest import run_start_event
 
 from libreyolo import events as ev
 from libreyolo_console.app import ConsoleApp
@@ -37,21 +38,11 @@ def _v1(d: dict) -> dict:
 
 def _start(terms=TERMS, cuda_graph="auto", mode="full", reason=AUTO_FULL, epochs=2, t=100.0):
     return _d(
-        ev.RunStart(
+        run_start_event(
             run_dir="runs/exp",
             model="Toy1n",
             family="toy",
-            task="detect",
-            nc=1,
-            names=["a"],
-            data="d.yaml",
             epochs=epochs,
-            start_epoch=0,
-            batch=8,
-            batch_per_rank=8,
-            accumulate=8,
-            world_size=1,
-            imgsz=64,
             device="cuda:0",
             amp=True,
             amp_dtype="bfloat16",
@@ -59,15 +50,10 @@ def _start(terms=TERMS, cuda_graph="auto", mode="full", reason=AUTO_FULL, epochs
             cuda_graph_mode=mode,
             cuda_graph_reason=reason,
             loss_terms=list(terms),
-            workers=0,
             optimizer="AdamW(lr=0.001, momentum=0.9)",
             steps_per_epoch=4,
             train_images=32,
-            val_images=8,
             params=1000,
-            pid=1,
-            resumed=False,
-            config={},
             t=t,
         )
     )

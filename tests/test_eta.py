@@ -2,6 +2,7 @@
 
 import io
 
+from conftest import run_start_event
 from rich.console import Console
 
 from libreyolo import events as ev
@@ -64,13 +65,19 @@ def test_ranges_read_in_one_unit():
 
 
 def _run_start() -> ev.RunStart:
-    return ev.RunStart(
-        run_dir="runs/train/exp", model="LibreYOLO9t", family="yolo9", task="detect", nc=3, names=["a", "b", "c"],
-        data="shapes", epochs=EPOCHS, start_epoch=0, batch=8, batch_per_rank=8, accumulate=1, world_size=1,
-        imgsz=64, device="cpu", amp=False, amp_dtype="float32", cuda_graph="auto", cuda_graph_mode="false",
-        cuda_graph_reason="eager on cpu", loss_terms=["box", "cls", "dfl"], workers=0, optimizer="SGD",
-        steps_per_epoch=STEPS, train_images=160, val_images=32, params=1_000_000, pid=1, resumed=False, config={},
-    )  # fmt: skip
+    return run_start_event(
+        nc=3,
+        names=["a", "b", "c"],
+        data="shapes",
+        epochs=EPOCHS,
+        accumulate=1,
+        cuda_graph_reason="eager on cpu",
+        optimizer="SGD",
+        steps_per_epoch=STEPS,
+        train_images=160,
+        val_images=32,
+        params=1_000_000,
+    )
 
 
 def test_the_headless_renderer_says_estimating_then_a_range():

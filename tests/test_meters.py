@@ -2,6 +2,7 @@
 even when the GPU never idles (a GPU-bound cuda_graph=full run), without waiting for it."""
 
 import torch
+from conftest import run_start_event
 
 from libreyolo.engine.meters import LossMeter
 
@@ -92,40 +93,7 @@ def test_progress_line_shows_dashes_not_stale_or_zero_losses_before_the_first_re
     out = io.StringIO()
     r = RichRenderer(plain=True, console=Console(file=out, width=200), plain_every_s=0)
     # the terms come from run_start: the renderer knows them before the first loss has been read back
-    r(
-        ev.RunStart(
-            run_dir="runs/train/exp",
-            model="LibreYOLO9t",
-            family="yolo9",
-            task="detect",
-            nc=1,
-            names=["a"],
-            data="d.yaml",
-            epochs=1,
-            start_epoch=0,
-            batch=8,
-            batch_per_rank=8,
-            accumulate=1,
-            world_size=1,
-            imgsz=64,
-            device="cpu",
-            amp=False,
-            amp_dtype="float32",
-            cuda_graph="auto",
-            cuda_graph_mode="false",
-            cuda_graph_reason="cuda_graph=auto: cpu",
-            loss_terms=["box", "cls", "dfl"],
-            workers=0,
-            optimizer="AdamW",
-            steps_per_epoch=2,
-            train_images=16,
-            val_images=8,
-            params=1,
-            pid=1,
-            resumed=False,
-            config={},
-        )
-    )
+    r(run_start_event(epochs=1, accumulate=1, cuda_graph_reason="cuda_graph=auto: cpu"))
     r(ev.EpochStart(epoch=0, epochs=1, steps=2, mosaic=False))
     for step, losses in ((1, {}), (2, {"box": 0.5, "cls": 1.25, "dfl": 2.0})):
         r(
