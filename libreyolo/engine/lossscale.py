@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.engine.setup import TrainSetup
+from libreyolo.engine.step import normalize
 from libreyolo.families import LossFn
 
 MAX_EXP = 24  # 2**24: far above any scale a real network's gradients fit under in float16
@@ -114,3 +116,35 @@ def set_start_scale(scaler: torch.amp.GradScaler, scale: float) -> None:
         current.fill_(scale)
     else:
         scaler._init_scale = scale
+
+
+def start_loss_scale(s: TrainSetup, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[float, str]:
+    """float16: start the run's scaler at the largest loss scale the first batch's gradients fit under, the same
+    on every rank, instead of losing the first optimizer steps to GradScaler's back-off. -> (scale, why)."""
+    e = s.eager
+    forward: Callable[[torch.Tensor], object]
+    if e.flat is not None:
+        forward, inputs = e.forward, list(e.flat.proxies.values())
+    else:  # DDP: probe the plain module (the DDP wrapper expects its own backward)
+
+        def plain_forward(x: torch.Tensor) -> object:
+            with torch.autocast(x.device.type, dtype=e.autocast_dtype):
+                return s.train_net(normalize(x, e.channels_last))
+
+        forward = plain_forward
+        inputs = [p for p in s.train_net.parameters() if p.requires_grad]
+    scale, exp = probe_loss_scale(
+        s.train_net,
+        forward,
+        e.loss_fn,
+        inputs,
+        img,
+        targets,
+        mask,
+        e.batch_scale,
+        agree=lambda finite: s.dist.min(float(finite), s.device) > 0,
+        agree_min=lambda x: s.dist.min(x, s.device),
+    )
+    set_start_scale(s.scaler, scale)
+    found = f"finite up to 2^{exp}" if exp is not None else "not finite even at scale 1"
+    return scale, f"loss scale starts at {scale:g}: the first batch's float16 gradients are {found}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,11 @@ from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
 from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
 from libreyolo.engine.epochval import VAL_PREFETCH_STEPS, EpochValidations
-from libreyolo.engine.lossscale import probe_loss_scale, set_start_scale
+from libreyolo.engine.lossscale import start_loss_scale
 from libreyolo.engine.meters import Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.state import model_record, restore_rng, rng_state
-from libreyolo.engine.step import NO_PHASES, normalize
+from libreyolo.engine.step import NO_PHASES
 
 HEARTBEAT_S = 10.0
 
@@ -224,44 +223,11 @@ class Trainer:
         """float16: start at the largest loss scale the first batch's gradients fit under (engine/lossscale.py),
         the same on every rank, instead of losing the first optimizer steps to GradScaler's back-off."""
         self._probe_scale = False
-        s, e = self.s, self.s.eager
-        forward: Callable[[torch.Tensor], object]
-        if e.flat is not None:
-            forward, inputs = e.forward, list(e.flat.proxies.values())
-        else:  # DDP: probe the plain module (the DDP wrapper expects its own backward)
-
-            def plain_forward(x: torch.Tensor) -> object:
-                with torch.autocast(x.device.type, dtype=e.autocast_dtype):
-                    return s.train_net(normalize(x, e.channels_last))
-
-            forward = plain_forward
-
-            inputs = [p for p in s.train_net.parameters() if p.requires_grad]
-        scale, exp = probe_loss_scale(
-            s.train_net,
-            forward,
-            e.loss_fn,
-            inputs,
-            img,
-            targets,
-            mask,
-            e.batch_scale,
-            agree=lambda finite: s.dist.min(float(finite), s.device) > 0,
-            agree_min=lambda x: s.dist.min(x, s.device),
+        scale, reason = start_loss_scale(self.s, img, targets, mask)
+        amp = ev.Amp(
+            enabled=True, dtype=self.s.amp.dtype, scaler=True, scale=scale, skipped_steps=0, epoch=None, reason=reason
         )
-        set_start_scale(s.scaler, scale)
-        found = f"finite up to 2^{exp}" if exp is not None else "not finite even at scale 1"
-        self.emit(
-            ev.Amp(
-                enabled=True,
-                dtype=s.amp.dtype,
-                scaler=True,
-                scale=scale,
-                skipped_steps=0,
-                epoch=None,
-                reason=f"loss scale starts at {scale:g}: the first batch's float16 gradients are {found}",
-            )
-        )
+        self.emit(amp)
 
     def _step_event(self, epoch: int, i: int, nb: int, start: int, thr: Throughput) -> None:
         s = self.s
