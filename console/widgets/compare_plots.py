@@ -3,20 +3,13 @@ pair in both plots and in the table's run column), so they read apart with NO_CO
 
 from __future__ import annotations
 
-from textual.app import App
 from textual_plotext import PlotextPlot
 
 from libreyolo_console.compare import Curve
 from libreyolo_console.widgets.plots import series_styles
 
-RGB = tuple[int, int, int]
 # (run's index among the compared runs, run name, its curve)
 Series = tuple[int, str, Curve]
-
-
-def run_styles(app: App[object], n: int) -> list[tuple[str, RGB]]:
-    """(marker, colour) of each of n runs, as the run view's curves get them."""
-    return series_styles(app, n)
 
 
 class ComparePlot(PlotextPlot):
@@ -50,7 +43,7 @@ class ComparePlot(PlotextPlot):
         plt.clear_data()
         plt.title(title)
         plt.xlabel(self.xlabel)
-        styles = run_styles(self.app, n_runs)
+        styles = series_styles(self.app, n_runs)
         for i, name, (xs, ys) in drawn[1]:
             marker, color = styles[i]
             plt.plot(xs, ys, label=name, marker=marker, color=color)

@@ -8,8 +8,8 @@ from textual.color import Color
 from textual.widgets import DataTable
 
 from libreyolo_console.compare import CompareRun, arg_text
-from libreyolo_console.widgets.compare_plots import run_styles
 from libreyolo_console.widgets.fmt import duration, num
+from libreyolo_console.widgets.plots import series_styles
 from libreyolo_console.widgets.run_list import status_text
 
 COLUMNS = ("run", "state", "epoch", "mAP50-95", "img/s", "GPU", "wall")
@@ -51,7 +51,7 @@ class CompareTable(DataTable[Text | str]):
             self._columns_shown = columns
         else:
             self.clear()
-        styles = run_styles(self.app, len(runs))
+        styles = series_styles(self.app, len(runs))
         for i, (row, (marker, rgb)) in enumerate(zip(rows, styles, strict=True)):
             # the run's marker and colour, as in the plots' legends: the row says which curve is which
             name = Text(f"{marker} {row[0]}")
