@@ -117,6 +117,8 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
         "device_used_frac": mem["device_used_frac"],
         "other_process_mb": mem["other_process_mb"],
         "captures_in_window": a["captures"],
+        # steps left out of the window because a CUDA graph was captured in them (window.py moves past them)
+        "window_moved_past": list(w.moved),
         "peak_allocated_mb": mem["peak_allocated_mb"],
         "peak_reserved_mb": mem["peak_reserved_mb"],
         "total_mb": mem["total_mb"],
@@ -152,6 +154,7 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
             "segments": w.unsync.segments,
             "traced_steps": a["traced_steps"],
             "steps_seen": w.seen,
+            "moved_past_captures": list(w.moved),
         },
         "headline": headline,
         "verdict": verdict.to_dict(),

@@ -101,6 +101,7 @@ def memory_figures(h: dict[str, Any]) -> dict[str, Any]:
         "device_frac": h.get("device_used_frac"),
         "other_mb": h.get("other_process_mb"),
         "captures": int(h.get("captures_in_window") or 0),
+        "moved": [int(k) for k in h.get("window_moved_past") or []],
     }
 
 
@@ -134,9 +135,15 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
     malloc/free calls per step, alloc_retries, ooms, peak_reserved_mb, total_mb, device_used_frac, ...);
     meta: the run's settings."""
     v = _decide(h, meta)
+    m = memory_figures(h)
+    if m["moved"]:
+        steps = ", ".join(str(k) for k in m["moved"])
+        v.why += (
+            f" The window was moved past the CUDA graph capture(s) at step(s) {steps}: those steps are not measured."
+        )
+        v.evidence["window_moved_past"] = m["moved"]
     if not meta["device"].startswith("cuda"):
         return v
-    m = memory_figures(h)
     churn = m["free_per_step"] >= FREE_PER_STEP or m["alloc_retries"] > 0 or m["ooms"] > 0
     lead, tail = _memory_notes(m, churn)
     v.why = (lead + v.why[:1].upper() + v.why[1:] if lead else v.why) + tail
