@@ -48,7 +48,13 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="measured steps (two halves)")
     p.add_argument("--warmup", type=int, default=5, help="steps discarded first")
     p.add_argument("--device", help=helps["device"])
-    p.add_argument("--repeat", type=int, default=1, help="N trials into prof_1..prof_N and profile_repeat.json")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="N trials, each in a fresh process, into prof_1..prof_N; counts of each verdict, step time spread, "
+        "profile_repeat.json",
+    )
     p.add_argument(
         "--try", dest="try_lever", action="store_true", help="apply the verdict's first lever and measure again"
     )
@@ -80,7 +86,7 @@ def _print_json(data: Any) -> None:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from libreyolo.profiler.run import run_profile
+    from libreyolo.profiler.run import run_profile, verdict_counts
 
     a = _run_parser().parse_intermixed_args(argv)  # key=value pairs may come before or after the flags
     if a.repeat < 1 or a.steps < 1 or a.warmup < 0:
@@ -129,6 +135,9 @@ def cmd_run(argv: list[str]) -> int:
             f"{result['img_s']['mean']:.1f} ± {result['img_s']['std']:.1f}",
         )
         console.print(t)
+        sm = result["step_ms"]
+        console.print(f"verdicts over {a.repeat} trials (a fresh process each): {verdict_counts(result)}")
+        console.print(f"step time min / median / max: {sm['min']:.1f} / {sm['median']:.1f} / {sm['max']:.1f} ms")
     if result["try"] is not None:
         _print_try(console, result["try"])
     return 0
