@@ -10,6 +10,7 @@ import torch
 from libreyolo.data.cpus import cpu_count
 from libreyolo.engine.step import PHASES
 from libreyolo.profiler.analysis import Trace, analyze_trace
+from libreyolo.profiler.gpuprocs import other_processes
 from libreyolo.profiler.verdict import decide
 from libreyolo.profiler.window import Window
 
@@ -66,6 +67,7 @@ def _memory(w: Window, steps: int) -> dict[str, Any]:
             "reserved_frac": None,
             "device_used_frac": None,
             "other_process_mb": None,
+            "other_processes": None,
         }
     b, a = w.mem_before, w.mem_after
     delta = lambda k: max(int(a.get(k, 0)) - int(b.get(k, 0)), 0)  # noqa: E731
@@ -86,6 +88,7 @@ def _memory(w: Window, steps: int) -> dict[str, Any]:
         "reserved_frac": w.peak_reserved / total if total else None,
         "device_used_frac": (total - free) / total if total else None,
         "other_process_mb": other / 2**20,
+        "other_processes": other_processes(w.device),  # NVML's view, where nvidia-ml-py is installed
     }
 
 
@@ -116,6 +119,7 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
         "reserved_frac": mem["reserved_frac"],
         "device_used_frac": mem["device_used_frac"],
         "other_process_mb": mem["other_process_mb"],
+        "other_processes": mem["other_processes"],
         "captures_in_window": a["captures"],
         # steps left out of the window because a CUDA graph was captured in them (window.py moves past them)
         "window_moved_past": list(w.moved),
