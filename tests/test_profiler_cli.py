@@ -70,6 +70,8 @@ def test_run_repeat_writes_trials_and_stops_without_a_finished_checkpoint(repeat
         # only the window's steps ran: warmup 1, one unsynchronised, one synchronised
         assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (1, 1, 1, 3)
         assert p["meta"]["workers"] == 0 and p["meta"]["imgsz"] == 64
+        # the graph mode the run used (cuda_graph=auto trains eager on a CPU), which the verdict's lever reads
+        assert (p["meta"]["cuda_graph"], p["meta"]["cuda_graph_setting"]) == ("false", "auto")
         events = list(read_events(run / "events.jsonl"))
         assert events[-1]["type"] == "run_end" and events[-1]["status"] == "profiled"
         assert events[0]["config"]["no_aug_epochs"] == 0 and events[0]["config"]["profile"] is True

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from libreyolo.data.cpus import cpu_count
+from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
 from libreyolo.engine.step import PHASES
 from libreyolo.profiler.analysis import Trace, analyze_trace
 from libreyolo.profiler.gpuprocs import other_processes
@@ -41,7 +42,9 @@ def run_meta(trainer: Any) -> dict[str, Any]:
         "amp_dtype": s.amp.dtype,
         "workers": s.workers,
         "accumulate": s.accumulate,
-        "cuda_graph": str(c.cuda_graph).lower(),
+        # the mode the run uses (auto resolved to full, true or false): the verdict's graph lever reads it
+        "cuda_graph": GRAPH_MODE_NAMES[s.graph_mode],
+        "cuda_graph_setting": str(c.cuda_graph).lower(),
         "cache": str(c.cache).lower(),
         "channels_last": bool(c.channels_last),
         "cpus": cpu_count(),
