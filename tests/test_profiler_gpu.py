@@ -9,7 +9,7 @@ is full and who fills it, the verdict comes from the step's own figures).
 
 Run on the device machine: python -m pytest -m gpu tests/test_profiler_gpu.py -s -v
 Each case prints its verdict counts, the step time spread and the first trial's figures, for docs/performance.md.
-Device time: about 6 minutes on one H200 (estimate in docs/profiling.md, "Stable verdicts")."""
+Device time: about 6.5 minutes on one H200, estimated (docs/performance.md, "Six cases, five trials each")."""
 
 import importlib.util
 import json
