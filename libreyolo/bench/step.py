@@ -216,9 +216,9 @@ def run(argv: list[str]) -> int:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = cudnn_benchmark
     data, nc = _batch_on_device(cfg, cfg.batch, device)
+    ctx = _single_rank_group(cfg.device) if ddp else None  # before any work: a CPU run cannot have it
     results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
-    if ddp:
-        ctx = _single_rank_group(cfg.device)
+    if ctx is not None:
         results += [
             bench_mode(m, cfg, device, data, nc, steps, warmup, kernels, ctx) for m in modes if m in ("graph", "full")
         ]
