@@ -85,6 +85,9 @@ class EagerStep:
         self.captures_loss = False
         self.captures = 0  # never captures: the graph runners count theirs
         self.skipped: torch.Tensor | None = None  # fp16 steps the scaler skipped (inf/NaN gradients), on device
+        # DDP without its wrapper (the graph runners): averages the flat gradient buffer over ranks, in place, at
+        # each accumulation boundary before the scaler looks at it, so every rank sees the same inf check
+        self.grad_reduce: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = normalize(img, self.channels_last)
@@ -132,6 +135,9 @@ class EagerStep:
             self.flat.refresh()
 
     def optimizer_step(self) -> None:
+        if self.grad_reduce is not None:
+            assert self.flat is not None  # set by the trainer only with flat gradients
+            self.grad_reduce(self.flat.flat_grad)
         if self.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
             if self.flat is not None:
