@@ -87,7 +87,7 @@ def test_one_worker_on_640px_jpegs_is_dataloader(shapes_640, tmp_path):
     # so the window sees the loader's own pace.
     r = profile_run(
         shapes_640, tmp_path, "--model", "LibreYOLO9t", "--batch", "32", "--imgsz", "640", "--workers", "1",
-        "--cuda-graph", "false", "--warmup", "5", "--steps", "4",
+        "--cuda-graph", "false", "--warmup", "5", "--steps", "4", "nbs=32",
     )  # fmt: skip
     show("dataloader", r)
     assert_all(r, "dataloader")
