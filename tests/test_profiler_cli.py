@@ -87,12 +87,20 @@ def test_repeat_prints_how_many_trials_gave_each_verdict_and_the_step_time_sprea
         return {"run_dir": f"prof_{step_ms}", "verdict": verdict, "step_ms": step_ms, "img_s": 1000 / step_ms}
 
     trials = [trial("compute", 12.0), trial("host / launch", 30.0), trial("compute", 10.0)]
-    result = {**run.summarize(trials), "run_dir": "exp", "repeat": "exp/profile_repeat.json", "try": None}
-    monkeypatch.setattr(run, "run_profile", lambda *a, **k: result)
+    asked = []
+
+    def run_profile(overrides, project, name, repeat, try_lever, fresh):
+        asked.append(fresh)
+        return {**run.summarize(trials, fresh), "run_dir": "exp", "repeat": "exp/profile_repeat.json", "try": None}
+
+    monkeypatch.setattr(run, "run_profile", run_profile)
     assert main(["profile", "run", "shapes", "--repeat", "3"]) == 0
     out = capsys.readouterr().out
     assert "verdicts over 3 trials (a fresh process each): compute 2/3, host / launch 1/3" in out
     assert "step time min / median / max: 10.0 / 12.0 / 30.0 ms" in out
+    assert main(["profile", "run", "shapes", "--repeat", "3", "--same-process"]) == 0
+    assert "verdicts over 3 trials (one process): compute 2/3" in capsys.readouterr().out
+    assert asked == [True, False]
 
 
 def test_summary_phases_kernels_read_back(repeated, capsys):

@@ -1,5 +1,12 @@
-"""Six profiler cases on a real GPU, each run as a user would (`libreyolo profile run ... --repeat 5`, five trials,
-each in a fresh process) and each required to give its verdict in 5 of 5 trials.
+"""Six profiler cases on a real GPU, each run as a user would (`libreyolo profile run ... --repeat 5 --same-process`:
+five trials, each a new run with its own warmup and window, one after another in the command's process) and each
+required to give its verdict in 5 of 5 trials.
+
+Why not a fresh process per trial (the `--repeat` default): on the H200 machine importing libreyolo's training path
+takes 5.2 s and a CUDA context about 1 s more (docs/performance.md, "Where the start goes"): about 3 minutes over
+30 trials on top of the estimate below, past this file's 8-minute budget. A case's trials share its CUDA context
+and cuDNN's autotuning cache; each trial's warmup is before its window either way, and the CPU tests check the
+fresh mode.
 
 Four are constructed to produce one verdict each (dataloader, host / launch, compute, memory-pressure); two are
 the H200 runs of issue 15 that once came out wrong: LibreYOLO9s at batch 64, 640 px, bfloat16, cuda_graph=full
@@ -9,7 +16,7 @@ is full and who fills it, the verdict comes from the step's own figures).
 
 Run on the device machine: python -m pytest -m gpu tests/test_profiler_gpu.py -s -v
 Each case prints its verdict counts, the step time spread and the first trial's figures, for docs/performance.md.
-Device time: about 6.5 minutes on one H200, estimated (docs/performance.md, "Six cases, five trials each")."""
+Device time: about 7 minutes on one H200, estimated (docs/performance.md, "Six cases, five trials each")."""
 
 import importlib.util
 import json
@@ -28,10 +35,11 @@ REPEAT = 5
 
 
 def make_shapes(out: Path, n_train: int, size: int) -> Path:
-    """The built-in synthetic dataset, written the way a user would: `libreyolo data shapes`."""
-    cmd = [sys.executable, "-m", "libreyolo.cli.main", "data", "shapes", f"out={out}", f"n_train={n_train}"]
-    r = subprocess.run([*cmd, "n_val=4", f"size={size}"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    """The built-in synthetic dataset, written the way a user would: `libreyolo data shapes` (in this process:
+    a subprocess would pay torch's import again)."""
+    from libreyolo.cli.main import main
+
+    assert main(["data", "shapes", f"out={out}", f"n_train={n_train}", "n_val=4", f"size={size}"]) == 0
     return out / "data.yaml"
 
 
@@ -49,7 +57,7 @@ def shapes_160(tmp_path_factory):
 
 def profile_run(data, project, *args, env=None):
     cmd = [sys.executable, "-m", "libreyolo.cli.main", "profile", "run", str(data), "--device", "0", "--json"]
-    cmd += ["--project", str(project), "--repeat", str(REPEAT), *args]
+    cmd += ["--project", str(project), "--repeat", str(REPEAT), "--same-process", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return json.loads(r.stdout)
@@ -78,13 +86,14 @@ def show(case, r):
 def assert_all(r, verdict):
     whys = "\n".join(f"{t['verdict']}: {t['why']}" for t in r["trials"])
     assert r["verdicts"] == {verdict: REPEAT}, whys
-    assert r["process"] == "fresh per trial" and len({t["pid"] for t in r["trials"]}) == REPEAT
+    assert r["process"] == "one process" and len({t["run_dir"] for t in r["trials"]}) == REPEAT
 
 
 def test_one_worker_on_640px_jpegs_is_dataloader(shapes_640, tmp_path):
-    # one worker decodes 4 JPEGs of 640 px per image (mosaic) for 32 images a batch (about 30-45 images a second,
-    # docs/performance.md): several times the tiny model's step. Warmup 5 > the 4 batches one worker keeps queued,
-    # so the window sees the loader's own pace.
+    # one worker decodes 4 JPEGs of 640 px per image (mosaic) for 32 images a batch (15 workers fed 460 images a
+    # second, docs/performance.md: about 1 s a batch for one), several times the tiny model's profiled eager step;
+    # the issue's new-user run of this shape gave dataloader with 98% wait. Warmup 5 > the 4 batches one worker
+    # keeps queued, so the window sees the loader's own pace.
     r = profile_run(
         shapes_640, tmp_path, "--model", "LibreYOLO9t", "--batch", "32", "--imgsz", "640", "--workers", "1",
         "--cuda-graph", "false", "--warmup", "5", "--steps", "4", "nbs=32",

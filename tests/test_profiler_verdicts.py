@@ -168,7 +168,7 @@ def test_a_smaller_batch_is_tried_only_after_churn_or_an_oom():
 def test_try_says_plainly_when_the_lever_did_not_help(monkeypatch, tmp_path):
     from libreyolo.profiler import run
 
-    def fake_trials(overrides, base, repeat, prefix):
+    def fake_trials(overrides, base, repeat, prefix, fresh=True):
         img_s = 330.0 if prefix == "try" else 334.0
         t = {"verdict": COMPUTE, "img_s": img_s, "step_ms": 190.0, "captures_in_window": 0}
         return {

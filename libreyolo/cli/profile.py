@@ -56,6 +56,13 @@ def _run_parser() -> argparse.ArgumentParser:
         "profile_repeat.json",
     )
     p.add_argument(
+        "--same-process",
+        dest="fresh",
+        action="store_false",
+        help="with --repeat: run the trials one after another in this process (faster to start; later trials share "
+        "the CUDA context and cuDNN's autotuning cache)",
+    )
+    p.add_argument(
         "--try", dest="try_lever", action="store_true", help="apply the verdict's first lever and measure again"
     )
     p.add_argument("--project", default="runs/profile")
@@ -109,7 +116,7 @@ def cmd_run(argv: list[str]) -> int:
     }
     overrides.update({k: v for k, v in flags.items() if v is not None})
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
-        result = run_profile(overrides, a.project, a.name, a.repeat, a.try_lever)
+        result = run_profile(overrides, a.project, a.name, a.repeat, a.try_lever, a.fresh)
     if a.json:
         _print_json(result)
         return 0
@@ -136,7 +143,8 @@ def cmd_run(argv: list[str]) -> int:
         )
         console.print(t)
         sm = result["step_ms"]
-        console.print(f"verdicts over {a.repeat} trials (a fresh process each): {verdict_counts(result)}")
+        how = "a fresh process each" if result["process"] == "fresh per trial" else "one process"
+        console.print(f"verdicts over {a.repeat} trials ({how}): {verdict_counts(result)}")
         console.print(f"step time min / median / max: {sm['min']:.1f} / {sm['median']:.1f} / {sm['max']:.1f} ms")
     if result["try"] is not None:
         _print_try(console, result["try"])

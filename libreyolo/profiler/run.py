@@ -134,30 +134,31 @@ def _stats(xs: list[float]) -> dict[str, float]:
     }
 
 
-def trials(overrides: dict[str, Any], base: Path, repeat: int, prefix: str) -> dict[str, Any]:
+def trials(overrides: dict[str, Any], base: Path, repeat: int, prefix: str, fresh: bool = True) -> dict[str, Any]:
     """repeat == 1: one run in `base`, in this process; else prefix_1 ... prefix_N inside it, each in a fresh
-    process (nothing one trial warmed up or left behind helps or hurts the next). Mean, spread (min / median /
-    max), how many trials gave each verdict, and `mixed` when they do not all agree."""
+    process (nothing one trial warmed up or left behind helps or hurts the next), or with fresh=False one after
+    another in this one (a new run and window each, on the same CUDA context and cuDNN autotuning cache). Mean,
+    spread (min / median / max), how many trials gave each verdict, and `mixed` when they do not all agree."""
     out = []
     for k in range(1, repeat + 1):
         if repeat == 1 and prefix == "prof":  # a single profile is the run folder itself
             project, name = base.parent, base.name
         else:
             project, name = base, prefix if repeat == 1 else f"{prefix}_{k}"
-        if repeat == 1:
-            p, pid = profile_once(overrides, project, name, exist_ok=True), os.getpid()
-        else:
+        if repeat > 1 and fresh:
             p, pid = fresh_trial(overrides, project, name)
+        else:
+            p, pid = profile_once(overrides, project, name, exist_ok=True), os.getpid()
         out.append(_trial(p, project / name, pid))
-    return summarize(out)
+    return summarize(out, fresh)
 
 
-def summarize(out: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(out: list[dict[str, Any]], fresh: bool = True) -> dict[str, Any]:
     """The repeat record of trials (see `trials`)."""
     verdicts = Counter(t["verdict"] for t in out)
     return {
         "schema": REPEAT_SCHEMA,
-        "process": "this" if len(out) == 1 else "fresh per trial",
+        "process": "fresh per trial" if len(out) > 1 and fresh else "one process",
         "trials": out,
         "step_ms": _stats([t["step_ms"] for t in out]),
         "img_s": _stats([t["img_s"] for t in out]),
@@ -174,16 +175,16 @@ def verdict_counts(result: dict[str, Any]) -> str:
 
 
 def run_profile(
-    overrides: dict[str, Any], project: str, name: str, repeat: int = 1, try_lever: bool = False
+    overrides: dict[str, Any], project: str, name: str, repeat: int = 1, try_lever: bool = False, fresh: bool = True
 ) -> dict[str, Any]:
     base = increment_run_dir(project, name, exist_ok=False)
-    before = trials(overrides, base, repeat, "prof")
+    before = trials(overrides, base, repeat, "prof", fresh)
     result: dict[str, Any] = {**before, "run_dir": str(base), "repeat": None, "try": None}
     if repeat > 1:
         write_json(base / "profile_repeat.json", before)
         result["repeat"] = str(base / "profile_repeat.json")
     if try_lever:
-        result["try"] = try_first_lever(overrides, base, repeat, before)
+        result["try"] = try_first_lever(overrides, base, repeat, before, fresh)
     return result
 
 
@@ -225,7 +226,9 @@ def try_outcome(before_img_s: float, after_img_s: float) -> tuple[float | None, 
     return speedup, None
 
 
-def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: dict[str, Any]) -> dict[str, Any]:
+def try_first_lever(
+    overrides: dict[str, Any], base: Path, repeat: int, before: dict[str, Any], fresh: bool = True
+) -> dict[str, Any]:
     """Apply the verdict's first lever when its evidence is strong, measure again under the same settings and
     window length otherwise, and compare."""
     common = Counter(t["verdict"] for t in before["trials"]).most_common(1)[0][0]
@@ -245,7 +248,7 @@ def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: 
         record.update(after=None, speedup=None, note=refusal)
     else:
         assert lever is not None
-        after = trials({**overrides, **lever}, base, repeat, "try")
+        after = trials({**overrides, **lever}, base, repeat, "try", fresh)
         speedup, note = try_outcome(before["img_s"]["mean"], after["img_s"]["mean"])
         captured = max(t.get("captures_in_window", 0) for t in after["trials"])
         if captured:
