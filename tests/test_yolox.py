@@ -376,7 +376,7 @@ class _StandInGraphRunner(GraphRunner):
 def test_l1_switch_recaptures_the_graph_once(tiny_data, tmp_path, monkeypatch):
     runners = []
 
-    def select(eager, parts, cfg, family, device, world_size, emit):
+    def select(eager, parts, cfg, family, device, world_size, emit, *dist_args):
         runners.append(_StandInGraphRunner(eager, emit, device))
         return runners[-1], "full", "a CPU stand-in for the whole-step graph"
 
