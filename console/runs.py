@@ -114,7 +114,8 @@ def summarize(run_dir: Path, project: Path) -> RunSummary:
     done = [e["epoch"] + 1 for e in tail if e.get("type") == "epoch_end"]
     current = last_of(tail, "epoch_start")
     s.epoch = max(done) if done else current["epoch"] if current else (last_start or {}).get("start_epoch", 0)
-    maps = [e["map"] for e in tail if e.get("type") == "val"]
+    # mAP50-95: detection runs only (a classifier's val events carry no map)
+    maps = [e["map"] for e in tail if e.get("type") == "val" and isinstance(e.get("map"), (int, float))]
     best = (last_end or {}).get("metrics", {}).get("map")
     s.best_map = best if isinstance(best, (int, float)) else max(maps) if maps else None
     return s
