@@ -140,11 +140,14 @@ class LibreYOLO:
         image) whose `skipped` lists the files that could not be read. multi_label auto is false here (one class
         per box); val() uses true: pass the same value to both to reproduce val's mAP from these detections.
         A classifier returns `ClassResults` instead: its top-k classes and probabilities, k = top_k."""
+        if self.family.task == "classify":  # top-k classes instead of boxes
+            from libreyolo.predict_cls import run_classify
+
+            k = TrainConfig.parse_value("max_det", top_k)
+            return run_classify(self, source, TrainConfig.parse_value("device", device), imgsz or self.imgsz, k)
         from libreyolo.predict import run_predict
 
-        classify = self.family.task == "classify"
-        kw = {"conf": conf, "iou": iou, "imgsz": imgsz or self.imgsz, "device": device}
-        kw["max_det"] = top_k if classify else max_det
+        kw = {"conf": conf, "iou": iou, "imgsz": imgsz or self.imgsz, "device": device, "max_det": max_det}
         kw = {k: TrainConfig.parse_value(k, v) for k, v in {**kw, "multi_label": multi_label}.items()}
         kw["multi_label"] = resolve_multi_label(kw["multi_label"], "predict")
         return run_predict(self, source, **kw)

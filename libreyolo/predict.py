@@ -116,10 +116,6 @@ def run_predict(
     predicted; only when none can be read is it an error."""
     kind, gpus = parse_device(device)
     dev = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
-    if model.family.task == "classify":  # top-k classes instead of boxes; max_det is k
-        from libreyolo.predict_cls import run_classify
-
-        return run_classify(model, source, dev, imgsz, top_k=max_det)
     net = model.net.to(dev).eval()
     items = _sources(source)
     results = Predictions()

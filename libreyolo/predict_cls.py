@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from libreyolo.data.augment import center_crop
+from libreyolo.distributed.device import parse_device
 from libreyolo.errors import DataError
 from libreyolo.eval.validator import to_input
 from libreyolo.predict import Predictions, UnreadableImageWarning, _read, _sources
@@ -42,11 +43,11 @@ class ClassResults:
 
 
 @torch.no_grad()
-def run_classify(
-    model: Any, source: Any, dev: torch.device, imgsz: int, top_k: int = 5, batch: int = 32
-) -> Predictions:
-    """An unreadable image is skipped (a warning names it, `Predictions.skipped` lists it); none readable is an
-    error."""
+def run_classify(model: Any, source: Any, device: str, imgsz: int, top_k: int = 5, batch: int = 32) -> Predictions:
+    """-> a `ClassResults` per readable image. An unreadable image is skipped (a warning names it,
+    `Predictions.skipped` lists it); none readable is an error."""
+    kind, gpus = parse_device(device)
+    dev = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
     net = model.net.to(dev).eval()
     items = _sources(source)
     results = Predictions()

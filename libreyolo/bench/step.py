@@ -1,7 +1,8 @@
 """libreyolo bench step: training-step time on one replayed real batch, eager vs cuda_graph=true vs "full".
 
 Data loading is excluded: one augmented (mosaic) batch of the built-in dataset is moved to the device once
-and replayed (a classifier's: a random-resized-crop batch of the built-in shapes crops). Each mode gets a fresh network (same seed) in the same process, warms up (graph modes capture
+and replayed (a classifier's: a random-resized-crop batch of the built-in shapes crops). Each mode gets a fresh
+network (same seed) in the same process, warms up (graph modes capture
 during it), then at least 24 steps are timed one by one with CUDA events. Gradient accumulation runs as in
 training (an optimizer step every nbs/batch steps), so the figures are per training step."""
 
@@ -47,7 +48,6 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import AugmentConfig, YOLODataset, collate
     from libreyolo.data.labels import scan_labels
-
     from libreyolo.families import parse_model_name
 
     parsed = parse_model_name(cfg.model)
