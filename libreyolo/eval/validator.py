@@ -144,7 +144,7 @@ def start_validation(
     evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
     t0 = time.perf_counter()
     st = stages or _no_stages
-    if family.task == "classify":  # top-1 / top-5 on the device instead of boxes and a COCO evaluation
+    if getattr(family, "task", "detect") == "classify":  # top-1 / top-5 on the device: no boxes, no COCO evaluation
         done = start_topk_validation(
             net,
             family,
