@@ -39,6 +39,7 @@ class RichRenderer:
         self._epochs = 0
         self._terms: list[str] = []  # the family's loss terms, from run_start
         self._labels: dict[str, str] = dict(zip(DETECT.metric_names, DETECT.labels))  # metric -> column heading
+        self._detect = True
 
     def __call__(self, e: ev.Event) -> None:
         handler = getattr(self, "_on_" + e.type, None)
@@ -54,6 +55,7 @@ class RichRenderer:
     def _on_run_start(self, e: ev.RunStart) -> None:
         self._epochs, self._terms = e.epochs, list(e.loss_terms)
         task = TASKS.get(e.task)
+        self._detect = e.task == DETECT.name  # only detection has mosaic epochs to tell apart
         self._labels = {m: task.label(m) if task else m for m in e.metrics}
         self._eta.reset()  # a resumed process warms up again
         c = self.console
@@ -70,7 +72,7 @@ class RichRenderer:
         c.print(f"  run dir {e.run_dir}" + ("  [yellow](resumed)[/]" if e.resumed else ""))
 
     def _on_epoch_start(self, e: ev.EpochStart) -> None:
-        desc = f"Epoch {e.epoch + 1}/{e.epochs}" + ("" if e.mosaic else " (no mosaic)")
+        desc = f"Epoch {e.epoch + 1}/{e.epochs}" + ("" if e.mosaic or not self._detect else " (no mosaic)")
         if self.plain:
             self.console.print(desc + f": {e.steps} steps")
             return
