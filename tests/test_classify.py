@@ -51,13 +51,15 @@ def _image(shape: str, seed: int, size: int = 32) -> np.ndarray:
     return img
 
 
-def image_folder(root: Path, per_class: int = 4, splits: tuple[str, ...] = ("train", "val")) -> Path:
-    """root/<split>/{circle,square}/*.png: `per_class` images each, the same ones in every split."""
-    for split in splits:
+def image_folder(root: Path, per_class: int = 4, copies: int = 1) -> Path:
+    """root/{train,val}/{circle,square}/*.png: `per_class` images each, the same ones in both splits; train holds
+    `copies` copies of each."""
+    for split, n in (("train", copies), ("val", 1)):
         for k, name in enumerate(("circle", "square")):
             (root / split / name).mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
-                cv2.imwrite(str(root / split / name / f"{i}.png"), _image(name, 100 * k + i))
+                for c in range(n):
+                    cv2.imwrite(str(root / split / name / f"{i}_{c}.png"), _image(name, 100 * k + i))
     return root
 
 
@@ -127,6 +129,7 @@ def test_the_built_in_crops_are_made_once_into_the_cache(tmp_path, monkeypatch):
 def test_a_classifier_overfits_and_reports_top1_top5_everywhere(tmp_path, capsys):
     data = image_folder(tmp_path / "data", per_class=4)
     m = LibreYOLO("LibreResNet18")
+    # one full batch per epoch: steady steps, and BatchNorm's running statistics (what validation uses) settle
     best = m.train(data=str(data), project=str(tmp_path / "runs"), epochs=25, **OVERFIT)
     assert best["top1"] == 1.0 and best["top5"] == 1.0  # 2 classes: top-5 holds every class
     run = m.last_run
