@@ -1,6 +1,6 @@
 """Multi-GPU paths on real GPUs (`pytest -m gpu`): torchrun at world size 1 on one GPU (NCCL process group,
-rank-0 broadcasts and barriers, the single-GPU step with CUDA graphs still allowed), autobatch's real probe,
-and, where two GPUs exist, the spawn launcher with device=0,1 (DDP, SyncBatchNorm, graphs refused)."""
+rank-0 broadcasts and barriers, the whole-step graph with its all-reduce), autobatch's real probe, and, where two
+GPUs exist, the spawn launcher with device=0,1 (DDP, SyncBatchNorm, the network graph under DDP)."""
 
 import json
 import os
@@ -46,9 +46,9 @@ def _events(run):
 
 def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
     """The distributed plumbing on one GPU: NCCL process group, run-dir broadcast, validation broadcast, loss
-    mean, final barrier and teardown. At world size 1 nothing is averaged, so the step stays the single-GPU one
-    (no DDP wrapper) and CUDA graphs are captured as usual. On a machine with 2+ GPUs, device="0,1" is passed:
-    under torchrun it must start no processes and use cuda:LOCAL_RANK."""
+    mean, final barrier and teardown, and the whole-step graph with its all-reduce (cuda_graph=auto under NCCL).
+    On a machine with 2+ GPUs, device="0,1" is passed: under torchrun it must start no processes and use
+    cuda:LOCAL_RANK."""
     script = tmp_path / "train.py"
     script.write_text(
         textwrap.dedent(f"""
@@ -60,7 +60,7 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
         if __name__ == "__main__":
             m = LibreYOLO("LibreYOLO9t")
             m.train(data={str(tiny_data)!r}, project={str(tmp_path / "runs")!r}, epochs=2, imgsz=64, batch=8,
-                    workers=2, cuda_graph=True,
+                    workers=2,
                     device="0,1" if __import__("torch").cuda.device_count() > 1 else "0",
                     callbacks=[DistProbe({str(tmp_path / "probe.json")!r})])
             print("RESULT", m.last_run, m.trained, flush=True)
@@ -77,6 +77,8 @@ def test_torchrun_world_size_1_on_one_gpu(tiny_data, tmp_path):
     assert (rs["world_size"], rs["batch_per_rank"], rs["device"]) == (1, 8, "cuda:0")
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "finished"
     assert (run / "weights" / "best.pt").is_file() and "RESULT" in r.stdout
+    # the default cuda_graph=auto under DDP over NCCL: the whole step, all-reduce included, in one graph
+    assert rs["cuda_graph_mode"] == "full" and "under DDP (1 process, NCCL)" in rs["cuda_graph_reason"], rs
     assert any(e["type"] == "graph" and e["action"] == "capture" for e in events), [
         e for e in events if e["type"] == "graph"
     ]
@@ -133,5 +135,42 @@ def test_spawn_launch_on_two_gpus(tiny_data, tmp_path):
     events = _events(m.last_run)
     rs = next(e for e in events if e["type"] == "run_start")
     assert (rs["world_size"], rs["batch_per_rank"]) == (2, 4) and m.trained
+    # cuda_graph=true under DDP over NCCL: the network graph on both ranks, the all-reduce after its backward
+    assert rs["cuda_graph_mode"] == "true" and "under DDP (2 processes, NCCL)" in rs["cuda_graph_reason"], rs
     graphs = [e for e in events if e["type"] == "graph"]
-    assert len(graphs) == 1 and graphs[0]["action"] == "fallback" and "DDP" in graphs[0]["reason"], graphs
+    assert any(g["action"] == "capture" for g in graphs) and not any(g["action"] == "fallback" for g in graphs), graphs
+
+
+def test_full_step_with_captured_all_reduce_equals_the_plain_full_step():
+    """One NCCL rank in this process: the whole-step graph with the flat-gradient all-reduce captured in it gives
+    the same loss trajectory and weights, bit for bit, as the same graph without DDP (an all-reduce over one rank
+    is the identity; everything else is the same kernels), over 24 steps with gradient accumulation and fp16."""
+    from test_graphs_gpu import DEV, _batches, _cfg
+
+    from libreyolo.bench.step import _single_rank_group, make_runner
+
+    cfg = _cfg()
+    batches, nc = _batches(cfg, 24)
+
+    def trajectory(ddp):
+        events = []
+        step, parts = make_runner(cfg, DEV, nc, "full", events.append, ddp)
+        losses = [
+            step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0).clone()
+            for i, b in enumerate(batches)
+        ]
+        torch.cuda.synchronize()
+        assert any(e.action == "capture" for e in events) and not step.disabled, [e.reason for e in events]
+        return torch.stack(losses), parts
+
+    plain, pp = trajectory(None)
+    ctx = _single_rank_group("0")
+    try:
+        assert (ctx.backend, ctx.world_size) == ("nccl", 1)
+        ddp, pd = trajectory(ctx)
+    finally:
+        ctx.finish()
+        ctx.close()
+    assert torch.equal(plain, ddp), (plain - ddp).abs().max()
+    for (k, a), b in zip(pp.train_net.state_dict().items(), pd.train_net.state_dict().values()):
+        assert torch.equal(a, b), k

@@ -1,5 +1,6 @@
 """DDP numerics with 2 Gloo CPU processes: after an optimizer step both ranks hold identical weights, and
-2 ranks at per-rank batch b make the same update as 1 process at batch 2b.
+2 ranks at per-rank batch b make the same update as 1 process at batch 2b, both through torch's DDP wrapper (eager
+runs) and through flat gradients averaged by one all-reduce (what the CUDA-graph runners capture under NCCL).
 
 Why the update is the same (the loss, families/yolo9/loss.py, is L = batch_scale * S / T with S the summed
 per-anchor terms and T the batch's total target score): one process at batch B = N*b descends
@@ -28,6 +29,7 @@ from libreyolo.data.dataset import YOLODataset, collate
 from libreyolo.data.labels import scan_labels
 from libreyolo.distributed import context
 from libreyolo.distributed.launch import free_port
+from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import EagerStep
 from libreyolo.families import get_family
 
@@ -69,12 +71,22 @@ def _model(
 
 
 def _step(
-    train_net: nn.Module, step_net: nn.Module, loss_fn, batch_scale: float, micro, rank: int | None
+    train_net: nn.Module,
+    step_net: nn.Module,
+    loss_fn,
+    batch_scale: float,
+    micro,
+    rank: int | None,
+    grad_reduce=None,
 ) -> dict[str, torch.Tensor]:
-    """One optimizer step over two micro-batches (accumulation); rank None trains on the whole global batch."""
+    """One optimizer step over two micro-batches (accumulation); rank None trains on the whole global batch.
+    grad_reduce given: flat gradient storage and that all-reduce instead of DDP's wrapper (the graph runners' way)."""
     before = {k: v.detach().clone() for k, v in train_net.named_parameters()}
+    flat = FlatParams(train_net, None) if grad_reduce is not None else None
     opt = torch.optim.SGD([p for p in train_net.parameters() if p.requires_grad], lr=0.05, momentum=0.0)
-    step = EagerStep(step_net, loss_fn, opt, torch.amp.GradScaler("cuda", enabled=False), None, None, 0.0, batch_scale)
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    step = EagerStep(step_net, loss_fn, opt, scaler, None, None, 0.0, batch_scale, flat=flat)
+    step.grad_reduce = grad_reduce
     for k, (x, t, m) in enumerate(micro):
         sl = slice(None) if rank is None else slice(rank * B, (rank + 1) * B)
         step(x[sl], t[sl], m[sl], boundary=k == len(micro) - 1)
@@ -107,6 +119,18 @@ def _rank_main(rank: int, port: int, data_yaml: str, spec: str) -> None:
         rank,
     )
 
+    # what the CUDA-graph runners build under DDP: no wrapper, flat gradients, one all-reduce of the flat buffer
+    net_f, train_net_f, _ = _model(3, device, ctx)
+    flat_upd = _step(
+        train_net_f,
+        train_net_f,
+        family.loss(net_f, cfg, ctx.normalizer_reducer()),
+        float(2 * B),
+        micro,
+        rank,
+        grad_reduce=ctx.grad_reducer(),
+    )
+
     # the naive setup: each rank normalises by its own targets and scales by its own batch
     net_n, train_net_n, _ = _model(3, device, ctx)
     naive = _step(train_net_n, ctx.wrap(train_net_n, device), family.loss(net_n, cfg), float(B), micro, rank)
@@ -116,6 +140,10 @@ def _rank_main(rank: int, port: int, data_yaml: str, spec: str) -> None:
     worst = max((ddp[k] - ref[k]).abs().max().item() for k in ref)
     assert worst <= 1e-4 * scale, (
         f"rank {rank}: DDP update differs from the single-process update by {worst:.3g} (update scale {scale:.3g})"
+    )
+    worst_flat = max((flat_upd[k] - ref[k]).abs().max().item() for k in ref)
+    assert worst_flat <= 1e-4 * scale, (
+        f"rank {rank}: the flat all-reduce update differs from the single-process one by {worst_flat:.3g}"
     )
     naive_gap = max((naive[k] - ref[k]).abs().max().item() for k in ref)
     assert naive_gap > 1e-2 * scale, f"the naive setup matched too ({naive_gap:.3g}): the test cannot tell them apart"

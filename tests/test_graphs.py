@@ -56,14 +56,12 @@ PARTS = CapturePlan(("backbone", "encoder"), full_step=False)
         ("auto", CUDA, 1, NO_CAPTURE, False, "has no capture plan"),
         ("auto", CPU, 1, WHOLE_NET, False, "need a CUDA device; training eager on cpu"),
         ("auto", torch.device("mps"), 1, WHOLE_NET, False, "training eager on mps"),
-        ("auto", CUDA, 2, WHOLE_NET, False, "not used under DDP (2 processes)"),
         # explicit values keep their meaning
         (False, CUDA, 1, WHOLE_NET, False, "cuda_graph=false"),
         (True, CUDA, 1, WHOLE_NET, True, "cuda_graph=true: the network in a graph"),
         ("full", CUDA, 1, WHOLE_NET, "full", "cuda_graph=full: the whole step"),
         ("full", CUDA, 1, NET_ONLY, False, "does not support whole-step capture"),
         (True, CPU, 1, WHOLE_NET, False, "need a CUDA device"),
-        (True, CUDA, 2, WHOLE_NET, False, "not used under DDP"),
     ],
 )
 def test_cuda_graph_decision_table(setting, device, world, plan, mode, needle):
@@ -75,10 +73,39 @@ def test_cuda_graph_decision_table(setting, device, world, plan, mode, needle):
 
 
 @pytest.mark.parametrize(
+    "setting,world,backend,nccl,plan,mode,needle",
+    [
+        # DDP over NCCL: the graphs apply, with the gradient all-reduce inside the whole-step graph
+        ("auto", 2, "nccl", (2, 21, 5), WHOLE_NET, "full", "under DDP (2 processes, NCCL)"),
+        ("auto", 1, "nccl", (2, 21, 5), WHOLE_NET, "full", "gradient all-reduce inside the graph"),
+        ("auto", 2, "nccl", (2, 21, 5), NET_ONLY, True, "network in a graph under DDP"),
+        ("full", 2, "nccl", (2, 21, 5), WHOLE_NET, "full", "whole step in one graph under DDP"),
+        (True, 4, "nccl", (2, 9, 6), WHOLE_NET, True, "network in a graph under DDP (4 processes"),
+        # Gloo collectives cannot be captured; an NCCL older than 2.9.6 cannot be either
+        ("auto", 2, "gloo", None, WHOLE_NET, False, "need the NCCL backend (this run uses gloo); training eager"),
+        ("full", 2, "gloo", None, WHOLE_NET, False, "need the NCCL backend"),
+        ("auto", 2, "nccl", (2, 8, 4), WHOLE_NET, False, "this torch has NCCL 2.8.4; training eager"),
+    ],
+)
+def test_cuda_graph_decision_under_ddp(setting, world, backend, nccl, plan, mode, needle):
+    fam = _Fam()
+    fam.capture = plan
+    got, why = graph_mode(setting, fam, CUDA, world, backend, nccl)
+    assert got == mode and needle in why, why
+
+
+@pytest.mark.parametrize("setting", ["full", True])
+def test_explicit_graphs_under_ddp_with_an_old_nccl_is_a_clear_error(setting):
+    fam = _Fam()
+    fam.capture = WHOLE_NET
+    with pytest.raises(ConfigError, match=r"NCCL 2\.9\.6 on; this torch has NCCL 2\.8\.4.*cuda_graph=false"):
+        graph_mode(setting, fam, CUDA, 2, "nccl", (2, 8, 4))
+
+
+@pytest.mark.parametrize(
     "device,world,plan,mode,needle",
     [
         (CPU, 1, WHOLE_NET, True, "need a CUDA device; training eager on cpu"),
-        (CUDA, 2, WHOLE_NET, True, "not used under DDP (2 processes)"),
         (CUDA, 1, NO_CAPTURE, True, "family has no capture plan"),
         (CUDA, 1, NET_ONLY, "full", "does not support whole-step capture"),
     ],
@@ -308,3 +335,24 @@ def test_non_finite_gradients_skip_the_step_on_the_device(name):
     upd.sync_to_host()
     if name == "AdamW":
         assert float(opt.state[next(net.parameters())]["step"]) == 1.0
+
+
+def test_ddp_capacity_bound_covers_every_mosaic_batch(tiny_data):
+    """Under DDP the whole-step graph's target capacity is fixed up front (every rank must replay the same graphs):
+    four images' boxes for a mosaic, one image's without, and no real mosaic batch needs more."""
+    import numpy as np
+
+    from libreyolo.data.config import list_images, load_data_config
+    from libreyolo.data.dataset import AugmentConfig, YOLODataset, capacity_bound, collate
+    from libreyolo.data.labels import scan_labels
+
+    labels = [np.zeros((n, 5), np.float32) for n in (1, 5, 3, 0, 7, 2)]
+    assert capacity_bound(labels, mosaic=1.0) == 32  # 7 + 5 + 3 + 2 = 17 -> the next power of two
+    assert capacity_bound(labels, mosaic=0.0) == 8
+    assert capacity_bound([], mosaic=1.0) == 4
+    data = load_data_config(str(tiny_data))
+    ls = scan_labels(list_images(data.train), data.nc)
+    ds = YOLODataset(ls, 64, augment=True, hyp=AugmentConfig.from_config(TrainConfig.from_overrides({})), seed=0)
+    bound = capacity_bound(ls.labels, 1.0)
+    widest = collate([ds[(i, 0, True)] for i in range(len(ds))])["targets"].shape[1]
+    assert 0 < widest <= bound

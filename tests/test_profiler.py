@@ -123,6 +123,41 @@ def test_short_run_stops_the_profiler_and_warns(tiny_data, tmp_path):
     assert not (trainer.s.run_dir / "profile.json").exists()
 
 
+class CapturingSpy(Spy):
+    """Makes the step runner report a CUDA graph capture in the given steps, as a graph runner counts its own."""
+
+    def __init__(self, capture_at):
+        super().__init__()
+        self.capture_at, self.n = set(capture_at), 0
+
+    def __call__(self, trainer):
+        super().__call__(trainer)
+        self.n += 1
+        if self.n in self.capture_at:
+            trainer.s.step.captures += 1
+
+
+def test_the_window_moves_past_steps_that_captured_a_graph(tiny_data, tmp_path):
+    # warmup 2, then 2 + 2 steps. Step 3 (the first measured) captures: the first half starts again after it
+    # (steps 4-5); step 7, in the second half, captures: it is left out and step 8 completes that half.
+    m = LibreYOLO("LibreYOLO9t")
+    args = {**TINY, "data": str(tiny_data), "project": str(tmp_path), "epochs": 2, "nbs": 4}
+    args.update(profile=True, profile_warmup=2, profile_steps=4)
+    trainer = Trainer(m, TrainConfig.from_overrides(args, family=m.family), set(args))
+    spy = trainer.after_step = CapturingSpy({3, 7})
+    trainer.train()
+    # the profiler of the first try (step 3) is dropped; a fresh one measures steps 4-5
+    assert spy.profiler_on == [False] * 2 + [True] * 3 + [False] * 3
+    assert trainer.phases is NO_PHASES and trainer.after_step is spy
+    p = load_profile(trainer.s.run_dir)
+    w = p["window"]
+    assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (3, 2, 2, 8)
+    assert w["moved_past_captures"] == [3, 7] and p["headline"]["window_moved_past"] == [3, 7]
+    assert p["headline"]["steps_to_verdict_end"] == 5
+    assert w["traced_steps"] == 2  # the trace holds the new window's steps only
+    assert "moved past the CUDA graph capture(s) at step(s) 3, 7" in p["verdict"]["why"]
+
+
 def test_ddp_is_ignored_with_one_warning():
     emitted = []
     trainer = SimpleNamespace(

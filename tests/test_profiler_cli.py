@@ -55,8 +55,14 @@ def test_run_repeat_writes_trials_and_stops_without_a_finished_checkpoint(repeat
     assert result["run_dir"] == str(base) and len(result["trials"]) == 2
     rep = json.loads((base / "profile_repeat.json").read_text())
     assert rep["schema"] == "libreyolo.profile_repeat/v1" and rep == {k: result[k] for k in rep}
-    assert set(rep["step_ms"]) == {"mean", "std"} and rep["img_s"]["mean"] > 0 and rep["step_ms"]["std"] >= 0
+    sm = rep["step_ms"]
+    assert set(sm) == {"mean", "std", "min", "median", "max"} and rep["img_s"]["mean"] > 0 and sm["std"] >= 0
+    steps = sorted(t["step_ms"] for t in rep["trials"])
+    assert (sm["min"], sm["max"]) == (steps[0], steps[-1]) and sm["median"] == pytest.approx(sum(steps) / 2)
     assert rep["verdict"] in ("compute", "mixed") and sum(rep["verdicts"].values()) == 2
+    # each trial ran in a process of its own, neither of them this test's nor the command's
+    pids = [t["pid"] for t in rep["trials"]]
+    assert rep["process"] == "fresh per trial" and len(set(pids)) == 2 and os.getpid() not in pids
     for k in (1, 2):
         run = base / f"prof_{k}"
         p = load_profile(run)
@@ -64,12 +70,37 @@ def test_run_repeat_writes_trials_and_stops_without_a_finished_checkpoint(repeat
         # only the window's steps ran: warmup 1, one unsynchronised, one synchronised
         assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (1, 1, 1, 3)
         assert p["meta"]["workers"] == 0 and p["meta"]["imgsz"] == 64
+        # the graph mode the run used (cuda_graph=auto trains eager on a CPU), which the verdict's lever reads
+        assert (p["meta"]["cuda_graph"], p["meta"]["cuda_graph_setting"]) == ("false", "auto")
         events = list(read_events(run / "events.jsonl"))
         assert events[-1]["type"] == "run_end" and events[-1]["status"] == "profiled"
         assert events[0]["config"]["no_aug_epochs"] == 0 and events[0]["config"]["profile"] is True
         kinds = [(e["kind"], e["epoch"], e["step"]) for e in events if e["type"] == "checkpoint"]
         assert kinds == [("last", 0, 0)]  # the start-of-run save only: no epoch-end "finished" checkpoint
         assert (run / "timeline.html").is_file() and (run / "profile_trace.json").is_file()
+
+
+def test_repeat_prints_how_many_trials_gave_each_verdict_and_the_step_time_spread(monkeypatch, capsys):
+    import libreyolo.profiler.run as run
+
+    def trial(verdict, step_ms):
+        return {"run_dir": f"prof_{step_ms}", "verdict": verdict, "step_ms": step_ms, "img_s": 1000 / step_ms}
+
+    trials = [trial("compute", 12.0), trial("host / launch", 30.0), trial("compute", 10.0)]
+    asked = []
+
+    def run_profile(overrides, project, name, repeat, try_lever, fresh):
+        asked.append(fresh)
+        return {**run.summarize(trials, fresh), "run_dir": "exp", "repeat": "exp/profile_repeat.json", "try": None}
+
+    monkeypatch.setattr(run, "run_profile", run_profile)
+    assert main(["profile", "run", "shapes", "--repeat", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "verdicts over 3 trials (a fresh process each): compute 2/3, host / launch 1/3" in out
+    assert "step time min / median / max: 10.0 / 12.0 / 30.0 ms" in out
+    assert main(["profile", "run", "shapes", "--repeat", "3", "--same-process"]) == 0
+    assert "verdicts over 3 trials (one process): compute 2/3" in capsys.readouterr().out
+    assert asked == [True, False]
 
 
 def test_summary_phases_kernels_read_back(repeated, capsys):

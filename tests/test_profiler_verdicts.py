@@ -1,6 +1,8 @@
 """Verdict rules on headlines shaped like the two H200 reports that came out wrong (the issue's figures), and
 the churn that must still be memory-pressure. Constructed from the reported figures; no GPU, milliseconds each."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from libreyolo.profiler.analysis import analyze_trace, slice_trace
@@ -166,7 +168,7 @@ def test_a_smaller_batch_is_tried_only_after_churn_or_an_oom():
 def test_try_says_plainly_when_the_lever_did_not_help(monkeypatch, tmp_path):
     from libreyolo.profiler import run
 
-    def fake_trials(overrides, base, repeat, prefix):
+    def fake_trials(overrides, base, repeat, prefix, fresh=True):
         img_s = 330.0 if prefix == "try" else 334.0
         t = {"verdict": COMPUTE, "img_s": img_s, "step_ms": 190.0, "captures_in_window": 0}
         return {
@@ -199,3 +201,91 @@ def test_try_says_plainly_when_the_lever_did_not_help(monkeypatch, tmp_path):
     before["verdict"] = MEMORY
     r = run.try_first_lever({}, tmp_path, 1, before)
     assert r["after"] is None and "only after allocator churn" in r["note"]
+
+
+def test_the_full_device_sentence_names_the_other_processes_nvml_reports():
+    procs = [
+        {"pid": 4242, "name": "python3", "used_mb": 135_000.0},
+        {"pid": 77, "name": None, "used_mb": 500.0},
+    ]
+    free = 4.5 * 1024
+    h = h200(
+        utilization=0.35,
+        peak_reserved_mb=3_400.0,
+        reserved_frac=3_400.0 / H200_MB,
+        device_used_frac=(H200_MB - free) / H200_MB,
+        other_process_mb=H200_MB - free - 3_400.0,
+        other_processes=procs,
+    )
+    v = decide(h, META_9T_EAGER)
+    assert v.name == HOST
+    assert (
+        "3.3 GiB reserved by this run at its peak; other processes on it (NVML): python3 (pid 4242) 131.8 GiB, "
+        "pid 77 (not visible from this process) 0.5 GiB. The GPU ran kernels only 35%"
+    ) in v.why
+    assert "NVML lists no other process" in decide({**h, "other_processes": []}, META_9T_EAGER).why
+
+
+class FakeNVML:
+    """The few pynvml calls gpuprocs makes, for one device holding this process and two others."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, uuid, procs):
+        self.uuid, self.procs, self.calls = uuid, procs, []
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUUID(self, h):
+        return "GPU-other" if h == 0 else f"GPU-{self.uuid}"
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return SimpleNamespace(domain=-1, bus=-1, device=-1)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        assert h == 1, "the processes of torch's device, matched by UUID, not of NVML's device 0"
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mb) for pid, mb in self.procs]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        return []
+
+
+def test_other_processes_come_from_nvml_without_this_one(monkeypatch):
+    import os
+
+    import torch
+
+    from libreyolo.profiler import gpuprocs
+
+    props = SimpleNamespace(uuid="1234-abcd", pci_domain_id=0, pci_bus_id=1, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    nv = FakeNVML("1234-abcd", [(os.getpid(), 2**30), (os.getppid(), 3 * 2**30), (999_999_999, None)])
+    out = gpuprocs.other_processes(torch.device("cuda", 0), nv)
+    assert [r["pid"] for r in out] == [os.getppid(), 999_999_999]  # largest first, this process left out
+    assert (
+        out[0]["used_mb"] == 3072.0
+        and out[0]["name"]
+        and out[1]
+        == {
+            "pid": 999_999_999,
+            "name": None,
+            "used_mb": None,
+        }
+    )
+    assert nv.calls == ["init", "shutdown"]
+    # NVML that cannot start, or no device that matches: no list rather than a wrong one
+    nv.nvmlInit = lambda: (_ for _ in ()).throw(FakeNVML.NVMLError("driver"))
+    assert gpuprocs.other_processes(torch.device("cuda", 0), nv) is None
+    assert gpuprocs.other_processes(torch.device("cuda", 0), FakeNVML("9999", [])) is None
+    assert gpuprocs.other_processes(torch.device("cpu")) is None

@@ -67,9 +67,12 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
     return {k: b[k].to(device) for k in ("img", "targets", "mask")}, dc.nc
 
 
-def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None) -> tuple[Any, Any]:
+def make_runner(
+    cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None, ddp: Any = None
+) -> tuple[Any, Any]:
     """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile | compile-net)
-    -> (runner, StepParts).
+    -> (runner, StepParts). ddp: a DistContext over NCCL; the step then averages its flat gradients with one
+    all-reduce as a DDP run with CUDA graphs does (captured inside the graph in the full mode).
 
     compile is an experiment for the benchmark, not a training option: the eager step with its forward (network
     under autocast) and its loss wrapped in torch.compile (default mode, static shapes); the optimizer and the EMA
@@ -84,19 +87,31 @@ def make_runner(cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit
     net = family.build(size, nc)
     parts = build_step_parts(family, net, cfg, device, cfg.batch, 10_000_000)
     eager = parts.eager_step(cfg.grad_clip)
+    if ddp is not None:
+        eager.grad_reduce = ddp.grad_reducer()
     if mode.startswith("compile"):
         eager.forward = torch.compile(eager.forward, dynamic=False)
         if mode == "compile":
             eager.loss_fn = torch.compile(eager.loss_fn, dynamic=False)
         return eager, parts
-    return select_step(eager, parts, cfg, family, device, 1, emit or (lambda e: None))[0], parts
+    world, backend, nccl = (ddp.world_size, ddp.backend, ddp.nccl_version()) if ddp is not None else (1, None, None)
+    runner = select_step(eager, parts, cfg, family, device, world, emit or (lambda e: None), backend, nccl)[0]
+    return runner, parts
 
 
 def bench_mode(
-    mode: str, cfg: TrainConfig, device: torch.device, data: dict, nc: int, steps: int, warmup: int, kernels: bool
+    mode: str,
+    cfg: TrainConfig,
+    device: torch.device,
+    data: dict,
+    nc: int,
+    steps: int,
+    warmup: int,
+    kernels: bool,
+    ddp: Any = None,
 ) -> dict[str, Any]:
     notes: list[str] = []
-    step, parts = make_runner(cfg, device, nc, mode, lambda e: notes.append(f"{e.action}: {e.reason}"))
+    step, parts = make_runner(cfg, device, nc, mode, lambda e: notes.append(f"{e.action}: {e.reason}"), ddp)
     acc = parts.accumulate
     n = 0
 
@@ -132,7 +147,7 @@ def bench_mode(
             run(1)
             times.append((time.perf_counter() - t) * 1000)
     out: dict[str, Any] = {
-        "mode": mode,
+        "mode": f"{mode} ddp" if ddp is not None else mode,
         "median_ms": statistics.median(times),
         "min_ms": min(times),
         "steps": steps,
@@ -155,8 +170,25 @@ def bench_mode(
     return out
 
 
+def _single_rank_group(device_spec: str) -> Any:
+    """This process as rank 0 of a one-process NCCL group, as torchrun --nproc_per_node=1 would start it."""
+    import os
+
+    from libreyolo.distributed import context
+    from libreyolo.distributed.launch import free_port
+
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+        )
+    _, ctx = context.start(device_spec)
+    if ctx.backend != "nccl":
+        raise ConfigError(f"ddp=true needs a CUDA device with NCCL (got the {ctx.backend} backend)")
+    return ctx
+
+
 def run(argv: list[str]) -> int:
-    extra = {"modes": str, "steps": int, "warmup": int, "json": flag, "kernels": flag}
+    extra = {"modes": str, "steps": int, "warmup": int, "json": flag, "kernels": flag, "ddp": flag}
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
@@ -169,6 +201,8 @@ def run(argv: list[str]) -> int:
                 "steps": "timed steps (>= 24)",
                 "warmup": "untimed steps first (default 16)",
                 "kernels": "count kernels per step and phase (default true)",
+                "ddp": "also run the graph modes as one DDP rank over NCCL (world size 1): the flat-gradient "
+                "all-reduce in the step, captured in the full mode (default false)",
                 "json": "print JSON",
             },
             DEFAULTS,
@@ -179,7 +213,7 @@ def run(argv: list[str]) -> int:
     if bad:
         raise ConfigError(f"modes={bad[0]!r}: choose from {', '.join(MODES)}")
     steps, warmup = max(kw.pop("steps", 24), 24), kw.pop("warmup", 16)
-    as_json, kernels = kw.pop("json", False), kw.pop("kernels", True)
+    as_json, kernels, ddp = kw.pop("json", False), kw.pop("kernels", True), kw.pop("ddp", False)
     cfg = TrainConfig.from_overrides({**DEFAULTS, **kw})
     from libreyolo.distributed.device import parse_device
 
@@ -193,10 +227,20 @@ def run(argv: list[str]) -> int:
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = cudnn_benchmark
     data, nc = _batch_on_device(cfg, cfg.batch, device)
+    ctx = _single_rank_group(cfg.device) if ddp else None  # before any work: a CPU run cannot have it
     results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
+    if ctx is not None:
+        results += [
+            bench_mode(m, cfg, device, data, nc, steps, warmup, kernels, ctx) for m in modes if m in ("graph", "full")
+        ]
+        ctx.finish()
+        ctx.close()
     base = next((r["median_ms"] for r in results if r["mode"] == "eager"), None)
+    plain = {r["mode"]: r["median_ms"] for r in results}
     for r in results:
         r["speedup_vs_eager"] = base / r["median_ms"] if base else None
+        if r["mode"].endswith(" ddp"):  # what the all-reduce (and the DDP bookkeeping) adds to the same step
+            r["ddp_overhead"] = r["median_ms"] / plain[r["mode"].removesuffix(" ddp")] - 1.0
     from libreyolo.engine.amp import resolve_amp
 
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # what the steps ran in (on a CPU: float32, whatever amp says)
@@ -237,6 +281,8 @@ def run(argv: list[str]) -> int:
     for r in results:
         for note in r["notes"]:
             c.print(f"  {r['mode']}: {note}")
+        if "ddp_overhead" in r:
+            c.print(f"  {r['mode']}: {r['ddp_overhead']:+.1%} step time against the same mode without DDP")
         if r.get("per_phase"):
             c.print(f"  {r['mode']} kernels per phase: " + ", ".join(f"{k} {v:.0f}" for k, v in r["per_phase"].items()))
         if r.get("gpu_busy_frac") is not None:

@@ -48,7 +48,20 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="measured steps (two halves)")
     p.add_argument("--warmup", type=int, default=5, help="steps discarded first")
     p.add_argument("--device", help=helps["device"])
-    p.add_argument("--repeat", type=int, default=1, help="N trials into prof_1..prof_N and profile_repeat.json")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="N trials, each in a fresh process, into prof_1..prof_N; counts of each verdict, step time spread, "
+        "profile_repeat.json",
+    )
+    p.add_argument(
+        "--same-process",
+        dest="fresh",
+        action="store_false",
+        help="with --repeat: run the trials one after another in this process (faster to start; later trials share "
+        "the CUDA context and cuDNN's autotuning cache)",
+    )
     p.add_argument(
         "--try", dest="try_lever", action="store_true", help="apply the verdict's first lever and measure again"
     )
@@ -80,7 +93,7 @@ def _print_json(data: Any) -> None:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from libreyolo.profiler.run import run_profile
+    from libreyolo.profiler.run import run_profile, verdict_counts
 
     a = _run_parser().parse_intermixed_args(argv)  # key=value pairs may come before or after the flags
     if a.repeat < 1 or a.steps < 1 or a.warmup < 0:
@@ -103,7 +116,7 @@ def cmd_run(argv: list[str]) -> int:
     }
     overrides.update({k: v for k, v in flags.items() if v is not None})
     with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
-        result = run_profile(overrides, a.project, a.name, a.repeat, a.try_lever)
+        result = run_profile(overrides, a.project, a.name, a.repeat, a.try_lever, a.fresh)
     if a.json:
         _print_json(result)
         return 0
@@ -129,6 +142,10 @@ def cmd_run(argv: list[str]) -> int:
             f"{result['img_s']['mean']:.1f} ± {result['img_s']['std']:.1f}",
         )
         console.print(t)
+        sm = result["step_ms"]
+        how = "a fresh process each" if result["process"] == "fresh per trial" else "one process"
+        console.print(f"verdicts over {a.repeat} trials ({how}): {verdict_counts(result)}")
+        console.print(f"step time min / median / max: {sm['min']:.1f} / {sm['median']:.1f} / {sm['max']:.1f} ms")
     if result["try"] is not None:
         _print_try(console, result["try"])
     return 0

@@ -150,6 +150,14 @@ def capacity(n: int, minimum: int = 4) -> int:
     return max(minimum, 1 << max(0, n - 1).bit_length())
 
 
+def capacity_bound(labels: list[np.ndarray], mosaic: float) -> int:
+    """The most target slots per image any training batch can need: a mosaic holds four images' boxes (crops
+    only remove boxes), a plain image its own. For runs whose ranks must agree on one capacity up front (DDP
+    with the whole-step graph) instead of raising it when a batch needs more."""
+    counts = sorted((len(x) for x in labels), reverse=True)
+    return capacity(sum(counts[:4]) if mosaic > 0 else max(counts, default=0))
+
+
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """-> img (B, H, W, 3) uint8, targets (B, M, 5) float32, mask (B, M) bool, index (B,), and for validation
     scale (B,), pad (B, 2) x, y and shape (B, 2) original height, width (float32): letterboxed = original * scale

@@ -99,6 +99,35 @@ class DistContext:
 
         return reduce
 
+    def nccl_version(self) -> tuple[int, ...] | None:
+        """The NCCL torch was built with, for runs over NCCL (None otherwise)."""
+        if self.backend != "nccl":
+            return None
+        v = torch.cuda.nccl.version()
+        return tuple(v) if isinstance(v, tuple) else None
+
+    def grad_reducer(self) -> Callable[[torch.Tensor], None] | None:
+        """The gradient average over ranks for steps that keep their gradients in one flat buffer (the CUDA-graph
+        runners under DDP, engine/flat.py): one in-place all-reduce of the whole buffer, which NCCL lets a CUDA graph
+        capture. DDP's reducer does the same sum-then-divide per bucket, overlapped with the backward. At world size
+        1 (torchrun --nproc_per_node=1) the all-reduce still runs, so its cost is measured, and changes nothing."""
+        if not self.enabled:
+            return None
+        world = self.world_size
+
+        def reduce(flat_grad: torch.Tensor) -> None:
+            dist.all_reduce(flat_grad, op=dist.ReduceOp.SUM)
+            if world > 1:
+                flat_grad.div_(world)
+
+        return reduce
+
+    def broadcast_module(self, module: nn.Module) -> None:
+        """Rank 0's parameters and buffers on every rank: what DDP's constructor does, for runs without its wrapper."""
+        if self.enabled and self.world_size > 1:
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t.data, src=0)
+
     # --- model ---------------------------------------------------------------------------------------
     def wrap(self, train_net: nn.Module, device: torch.device) -> nn.Module:
         """DistributedDataParallel around what the step runs; the trainer keeps the plain module for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,12 +75,16 @@ def build_step_parts(
     batch_scale: float | None = None,
     reduce_normalizer: Reduce | None = None,
     flat: bool = True,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> StepParts:
     """batch is the global batch (all processes together: accumulation, weight decay and the step count follow
     it); batch_scale the loss multiplier, by default that same global batch (see families/yolo9/loss.py).
-    flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients)."""
+    flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients). prepare changes
+    the train net's modules (SyncBatchNorm) before the flat storage resolves their parameter slots."""
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     train_net = family.train_net(net, cfg).to(device)
+    if prepare is not None:
+        train_net = prepare(train_net)
     channels_last = cfg.channels_last and device.type == "cuda"
     if channels_last:
         train_net = train_net.to(memory_format=torch.channels_last)

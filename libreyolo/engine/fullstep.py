@@ -8,7 +8,10 @@ scale update / EMA update (capturable.py). What makes that possible:
 - no host synchronisation inside the step: the loss never calls .item() or indexes with a boolean mask,
   the LR and momentum are device tensors refreshed from pinned memory before each replay, and the loss
   terms are read by the trainer's asynchronous meter;
-- two graphs per shape: a micro-step (no optimizer) and a boundary step, for gradient accumulation."""
+- two graphs per shape: a micro-step (no optimizer) and a boundary step, for gradient accumulation.
+Under DDP (NCCL) the boundary step also all-reduces the flat gradient buffer inside the graph, before the
+inf check, so every rank unscales, skips or steps alike; the capacity is then fixed for the run, so that every
+rank captures and replays the same graphs (NCCL requires a captured collective's graph on all its ranks)."""
 
 from __future__ import annotations
 
@@ -37,17 +40,31 @@ class _FullGraph:
 class FullGraphStep(GraphRunner):
     mode = "full"
 
-    def __init__(self, eager: EagerStep, parts: Any, cfg: Any, emit: Callable[[ev.Event], None], device: torch.device):
+    def __init__(
+        self,
+        eager: EagerStep,
+        parts: Any,
+        cfg: Any,
+        emit: Callable[[ev.Event], None],
+        device: torch.device,
+        fixed_capacity: int | None = None,
+    ):
         super().__init__(eager, emit, device)
         self.captures_loss = True
         self.update = CapturableUpdate(
             parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, self.flat, device
         )
-        self.capacity = 4
+        self.capacity = fixed_capacity or 4
+        self.fixed = fixed_capacity is not None
         self.pool: Any = None  # the graphs' shared memory pool, made at the first capture
 
     # shapes: (B, H, W, 3, capacity); graphs: that plus the boundary flag
     def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> Shape:
+        if targets.shape[1] > self.capacity and self.fixed:
+            raise RuntimeError(
+                f"a batch has {targets.shape[1]} target slots per image, more than the fixed capacity {self.capacity} "
+                "that every DDP rank captured with; please report this with the dataset's largest label counts"
+            )
         if targets.shape[1] > self.capacity:
             old, self.capacity = self.capacity, targets.shape[1]
             if self.graphs:
@@ -86,6 +103,8 @@ class FullGraphStep(GraphRunner):
         loss.backward()
         self.flat.gather_grads()
         if boundary:
+            if e.grad_reduce is not None:  # DDP: one all-reduce of the flat gradients, captured with the rest
+                e.grad_reduce(self.flat.flat_grad)
             self.update.step()
         return items
 

@@ -2,8 +2,12 @@
 
 auto, the default, is the fastest path that applies: the whole-step graph (fullstep.py) where the family's
 capture plan allows it and the run is one CUDA process, the network graph (graphs.py) where only the
-network can be captured, eager otherwise (CPU, MPS, DDP). An explicit true/full that cannot apply falls back
-to eager with one `graph` event saying why, as before."""
+network can be captured, eager otherwise (CPU, MPS, Gloo). An explicit true/full that cannot apply falls back
+to eager with one `graph` event saying why, as before.
+
+Under DDP over NCCL the graphs apply as in one process: the step keeps flat gradients and averages them with one
+all-reduce (distributed/context.py grad_reducer), which the whole-step graph captures and the network graph runs
+after its backward replay. NCCL can be captured from 2.9.6 on; Gloo collectives cannot."""
 
 from __future__ import annotations
 
@@ -16,12 +20,25 @@ from libreyolo import events as ev
 from libreyolo.engine.fullstep import FullGraphStep
 from libreyolo.engine.graphs import NetworkGraphStep
 from libreyolo.engine.step import EagerStep, StepRunner
+from libreyolo.errors import ConfigError
 
 NAMES = {"full": "full", True: "true", False: "false"}  # the mode as the cuda_graph key spells it
 
 
-def graph_mode(setting: bool | str, family: Any, device: torch.device, world_size: int) -> tuple[bool | str, str]:
-    """-> (the mode the run uses: "full", True or False; one line saying why)."""
+NCCL_CAPTURE = (2, 9, 6)  # the first NCCL whose collectives a CUDA graph can capture
+
+
+def graph_mode(
+    setting: bool | str,
+    family: Any,
+    device: torch.device,
+    world_size: int,
+    backend: str | None = None,
+    nccl: tuple[int, ...] | None = None,
+) -> tuple[bool | str, str]:
+    """-> (the mode the run uses: "full", True or False; one line saying why). backend is the process group's
+    (None: not distributed), nccl the NCCL version torch was built with. An explicit true/full under DDP with an
+    NCCL too old to capture collectives is a ConfigError: that run cannot do what was asked."""
     asked = "auto" if setting == "auto" else NAMES[setting]
     if setting is False:
         return False, "cuda_graph=false: training eager"
@@ -29,21 +46,34 @@ def graph_mode(setting: bool | str, family: Any, device: torch.device, world_siz
     blocker = None
     if device.type != "cuda":
         blocker = f"CUDA graphs need a CUDA device; training eager on {device.type}"
-    elif world_size > 1:  # (also the only case without flat parameter storage, which both graph modes use)
-        blocker = f"CUDA graphs are not used under DDP ({world_size} processes); training eager"
+    elif backend is not None and backend != "nccl":
+        blocker = f"CUDA graphs under DDP need the NCCL backend (this run uses {backend}); training eager"
+    elif backend == "nccl" and nccl is not None and tuple(nccl) < NCCL_CAPTURE:
+        need = (
+            f"a CUDA graph can capture NCCL collectives from NCCL {'.'.join(map(str, NCCL_CAPTURE))} on; this "
+            f"torch has NCCL {'.'.join(map(str, nccl))}"
+        )
+        if setting != "auto":
+            raise ConfigError(
+                f"cuda_graph={asked} under DDP: {need}. Set cuda_graph=false (DDP trains eager), or install a torch "
+                "built with a newer NCCL"
+            )
+        blocker = f"{need}; training eager"
     elif not plan:
         blocker = f"the {family.name} family has no capture plan; training eager"
     if blocker:
         return False, f"cuda_graph={asked}: {blocker}"
+    under = f" under DDP ({world_size} process{'es' if world_size > 1 else ''}, NCCL)" if backend else ""
     if setting == "auto":
         if plan.full_step:
-            return "full", f"cuda_graph=auto: the whole step in one graph ({family.name} supports it, one CUDA process)"
-        return True, f"cuda_graph=auto: the network in a graph ({family.name} cannot capture its whole step)"
+            where = "the gradient all-reduce inside the graph" if backend else "one CUDA process"
+            return "full", f"cuda_graph=auto: the whole step in one graph{under} ({family.name} supports it; {where})"
+        return True, f"cuda_graph=auto: the network in a graph{under} ({family.name} cannot capture its whole step)"
     if setting == "full" and not plan.full_step:
         return False, f"cuda_graph=full: the {family.name} family does not support whole-step capture; training eager"
     return setting, f"cuda_graph={asked}: " + (
         "the whole step in one graph" if setting == "full" else "the network in a graph"
-    )
+    ) + under
 
 
 def select_step(
@@ -54,14 +84,19 @@ def select_step(
     device: torch.device,
     world_size: int,
     emit: Callable[[ev.Event], None],
+    backend: str | None = None,
+    nccl: tuple[int, ...] | None = None,
+    fixed_capacity: int | None = None,
 ) -> tuple[StepRunner, bool | str, str]:
     """-> (the step runner, the mode it runs, why). An explicit mode that cannot apply also emits one
-    `graph` fallback event (auto's choice is reported by run_start)."""
-    mode, reason = graph_mode(cfg.cuda_graph, family, device, world_size)
+    `graph` fallback event (auto's choice is reported by run_start). fixed_capacity: the whole-step graph's target
+    capacity, fixed for the run (DDP: every rank must capture and replay the same graphs, so no rank may raise
+    it on its own)."""
+    mode, reason = graph_mode(cfg.cuda_graph, family, device, world_size, backend, nccl)
     if mode is False:
         if cfg.cuda_graph not in (False, "auto"):
             emit(ev.Graph(action="fallback", mode="full" if cfg.cuda_graph == "full" else "network", reason=reason))
         return eager, False, reason
     if mode == "full":
-        return FullGraphStep(eager, parts, cfg, emit, device), mode, reason
+        return FullGraphStep(eager, parts, cfg, emit, device, fixed_capacity), mode, reason
     return NetworkGraphStep(eager, emit, device, family.capture), mode, reason

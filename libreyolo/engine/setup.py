@@ -17,7 +17,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.data.cache import open_image_cache
 from libreyolo.data.classify import ClassifyDataset
 from libreyolo.data.config import DataConfig, list_images, load_data_config
-from libreyolo.data.dataset import AugmentConfig, YOLODataset
+from libreyolo.data.dataset import AugmentConfig, YOLODataset, capacity_bound
 from libreyolo.data.folders import load_classify_config, scan_classes
 from libreyolo.data.labels import LabelSet, no_boxes_message, scan_labels, scan_notes
 from libreyolo.data.loader import (
@@ -38,7 +38,7 @@ from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.meters import LossMeter
 from libreyolo.engine.rundir import increment_run_dir, write_args
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
-from libreyolo.engine.runners import select_step
+from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
 from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.errors import CheckpointError, ConfigError, DataError
@@ -275,14 +275,32 @@ def build_setup(trainer: Any) -> TrainSetup:
     nb = sampler.batches_per_epoch()
     torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 
-    ddp = dist.world_size > 1  # DDP hooks the registered parameters' gradients: no flat parameter storage then
+    # DDP: eager runs use torch's DDP wrapper, which hooks the registered parameters' gradients (no flat storage
+    # then); graph runs (NCCL) keep flat gradients and average them with one all-reduce of their own
+    nccl = dist.nccl_version()
+    graphs = graph_mode(cfg.cuda_graph, family, device, dist.world_size, dist.backend, nccl)[0] is not False
+    wrapped = dist.world_size > 1 and not graphs
     parts = build_step_parts(
-        family, net, cfg, device, batch, len(train_ds), reduce_normalizer=dist.normalizer_reducer(), flat=not ddp
+        family,
+        net,
+        cfg,
+        device,
+        batch,
+        len(train_ds),
+        reduce_normalizer=dist.normalizer_reducer(),
+        flat=not wrapped,
+        prepare=lambda m: distributed.sync_batchnorm(m, dist, device, cfg.sync_bn, batch_per_rank, notes),
     )
-    parts.train_net = distributed.sync_batchnorm(parts.train_net, dist, device, cfg.sync_bn, batch_per_rank, notes)
     eager = parts.eager_step(cfg.grad_clip)
-    eager.net = dist.wrap(parts.train_net, device)  # the step runs DDP; checkpoints and the EMA keep the plain module
-    step, graph_mode, graph_reason = select_step(eager, parts, cfg, family, device, dist.world_size, trainer.emit)
+    if wrapped:
+        eager.net = dist.wrap(parts.train_net, device)  # the step runs DDP; checkpoints and EMA keep the plain module
+    elif graphs:
+        dist.broadcast_module(parts.train_net)  # what DDP's constructor would have done: rank 0's weights everywhere
+        eager.grad_reduce = dist.grad_reducer()
+    capacity = capacity_bound(train_ls.labels, cfg.mosaic) if graphs and dist.enabled else None
+    step, graph_mode_, graph_reason = select_step(
+        eager, parts, cfg, family, device, dist.world_size, trainer.emit, dist.backend, nccl, capacity
+    )
 
     if ckpt is not None:
         run_dir = Path(ckpt["train"]["run_dir"])
@@ -310,7 +328,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         ema=parts.ema,
         step=step,
         eager=eager,
-        graph_mode=graph_mode,
+        graph_mode=graph_mode_,
         graph_reason=graph_reason,
         schedule=family.schedule if family.schedule is not None else optim.apply_schedule,
         loss_fn=parts.loss_fn,

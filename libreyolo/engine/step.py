@@ -39,6 +39,7 @@ class StepRunner(Protocol):
 
     skipped: torch.Tensor | None  # float16 optimizer steps skipped for inf/NaN gradients since last read (device)
     captures_loss: bool  # whether a captured graph holds the loss (a change to the loss then needs a re-capture)
+    captures: int  # CUDA graphs captured so far (the profiler's window moves past the steps that capture)
 
     def __call__(
         self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases = ...
@@ -82,7 +83,11 @@ class EagerStep:
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
         self.grads_to_none = True  # graph runners keep .grad buffers alive (their graphs write into them)
         self.captures_loss = False
+        self.captures = 0  # never captures: the graph runners count theirs
         self.skipped: torch.Tensor | None = None  # fp16 steps the scaler skipped (inf/NaN gradients), on device
+        # DDP without its wrapper (the graph runners): averages the flat gradient buffer over ranks, in place, at
+        # each accumulation boundary before the scaler looks at it, so every rank sees the same inf check
+        self.grad_reduce: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = normalize(img, self.channels_last)
@@ -130,6 +135,9 @@ class EagerStep:
             self.flat.refresh()
 
     def optimizer_step(self) -> None:
+        if self.grad_reduce is not None:
+            assert self.flat is not None  # set by the trainer only with flat gradients
+            self.grad_reduce(self.flat.flat_grad)
         if self.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
             if self.flat is not None:

@@ -8,8 +8,10 @@ from typing import Any
 import torch
 
 from libreyolo.data.cpus import cpu_count
+from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
 from libreyolo.engine.step import PHASES
 from libreyolo.profiler.analysis import Trace, analyze_trace
+from libreyolo.profiler.gpuprocs import other_processes
 from libreyolo.profiler.verdict import decide
 from libreyolo.profiler.window import Window
 
@@ -40,7 +42,9 @@ def run_meta(trainer: Any) -> dict[str, Any]:
         "amp_dtype": s.amp.dtype,
         "workers": s.workers,
         "accumulate": s.accumulate,
-        "cuda_graph": str(c.cuda_graph).lower(),
+        # the mode the run uses (auto resolved to full, true or false): the verdict's graph lever reads it
+        "cuda_graph": GRAPH_MODE_NAMES[s.graph_mode],
+        "cuda_graph_setting": str(c.cuda_graph).lower(),
         "cache": str(c.cache).lower(),
         "channels_last": bool(c.channels_last),
         "cpus": cpu_count(),
@@ -66,6 +70,7 @@ def _memory(w: Window, steps: int) -> dict[str, Any]:
             "reserved_frac": None,
             "device_used_frac": None,
             "other_process_mb": None,
+            "other_processes": None,
         }
     b, a = w.mem_before, w.mem_after
     delta = lambda k: max(int(a.get(k, 0)) - int(b.get(k, 0)), 0)  # noqa: E731
@@ -86,6 +91,7 @@ def _memory(w: Window, steps: int) -> dict[str, Any]:
         "reserved_frac": w.peak_reserved / total if total else None,
         "device_used_frac": (total - free) / total if total else None,
         "other_process_mb": other / 2**20,
+        "other_processes": other_processes(w.device),  # NVML's view, where nvidia-ml-py is installed
     }
 
 
@@ -116,7 +122,10 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
         "reserved_frac": mem["reserved_frac"],
         "device_used_frac": mem["device_used_frac"],
         "other_process_mb": mem["other_process_mb"],
+        "other_processes": mem["other_processes"],
         "captures_in_window": a["captures"],
+        # steps left out of the window because a CUDA graph was captured in them (window.py moves past them)
+        "window_moved_past": list(w.moved),
         "peak_allocated_mb": mem["peak_allocated_mb"],
         "peak_reserved_mb": mem["peak_reserved_mb"],
         "total_mb": mem["total_mb"],
@@ -152,6 +161,7 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
             "segments": w.unsync.segments,
             "traced_steps": a["traced_steps"],
             "steps_seen": w.seen,
+            "moved_past_captures": list(w.moved),
         },
         "headline": headline,
         "verdict": verdict.to_dict(),

@@ -7,7 +7,11 @@ epoch-end "finished" checkpoint is written for a run that trained 25 steps."""
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -72,10 +76,40 @@ def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: 
     return load_profile(path)
 
 
-def _trial(p: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def fresh_trial(overrides: dict[str, Any], project: Path, name: str) -> tuple[dict[str, Any], int]:
+    """profile_once in a new Python process (libreyolo/profiler/trial.py); -> (profile.json, that process's pid).
+
+    Its output goes where this process's stdout goes (stderr under --json); it imports the libreyolo this process
+    runs, whatever the working directory."""
+    import libreyolo
+
+    env = dict(os.environ)
+    root = str(Path(libreyolo.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "libreyolo.profiler.trial", json.dumps(overrides), str(project), name]
+    try:
+        out: Any = sys.stdout if sys.stdout.fileno() >= 0 else None
+    except (AttributeError, OSError, ValueError):  # a stdout without a file descriptor (captured): relay the text
+        out = None
+    sys.stdout.flush()  # what this process printed so far comes before the trial's output
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=out if out is not None else subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    text, _ = proc.communicate()
+    if out is None and text:
+        sys.stdout.write(text)
+    if proc.returncode != 0:
+        raise ProfileRunError(
+            f"trial {project / name} ended with exit status {proc.returncode} (its output is above): no report from it"
+        )
+    return load_profile(project / name / "profile.json"), proc.pid
+
+
+def _trial(p: dict[str, Any], run_dir: Path, pid: int) -> dict[str, Any]:
     h = p["headline"]
     return {
         "run_dir": str(run_dir),
+        "pid": pid,
         "verdict": p["verdict"]["name"],
         "why": p["verdict"]["why"],
         "step_ms": h["step_ms"],
@@ -86,45 +120,71 @@ def _trial(p: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         "lever": p["verdict"]["levers"][0] if p["verdict"]["levers"] else None,
         "evidence": p["verdict"].get("evidence", {}),
         "captures_in_window": int(h.get("captures_in_window") or 0),
+        "window_moved_past": list(h.get("window_moved_past") or []),
     }
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+    return {
+        "mean": statistics.fmean(xs),
+        "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        "min": min(xs),
+        "median": statistics.median(xs),
+        "max": max(xs),
+    }
 
 
-def trials(overrides: dict[str, Any], base: Path, repeat: int, prefix: str) -> dict[str, Any]:
-    """repeat == 1: one run in `base`; else prefix_1 ... prefix_N inside it. Mean and spread, and `mixed`
-    when the trials do not agree on the verdict."""
+def trials(overrides: dict[str, Any], base: Path, repeat: int, prefix: str, fresh: bool = True) -> dict[str, Any]:
+    """repeat == 1: one run in `base`, in this process; else prefix_1 ... prefix_N inside it, each in a fresh
+    process (nothing one trial warmed up or left behind helps or hurts the next), or with fresh=False one after
+    another in this one (a new run and window each, on the same CUDA context and cuDNN autotuning cache). Mean,
+    spread (min / median / max), how many trials gave each verdict, and `mixed` when they do not all agree."""
     out = []
     for k in range(1, repeat + 1):
         if repeat == 1 and prefix == "prof":  # a single profile is the run folder itself
             project, name = base.parent, base.name
         else:
             project, name = base, prefix if repeat == 1 else f"{prefix}_{k}"
-        out.append(_trial(profile_once(overrides, project, name, exist_ok=True), project / name))
+        if repeat > 1 and fresh:
+            p, pid = fresh_trial(overrides, project, name)
+        else:
+            p, pid = profile_once(overrides, project, name, exist_ok=True), os.getpid()
+        out.append(_trial(p, project / name, pid))
+    return summarize(out, fresh)
+
+
+def summarize(out: list[dict[str, Any]], fresh: bool = True) -> dict[str, Any]:
+    """The repeat record of trials (see `trials`)."""
     verdicts = Counter(t["verdict"] for t in out)
     return {
         "schema": REPEAT_SCHEMA,
+        "process": "fresh per trial" if len(out) > 1 and fresh else "one process",
         "trials": out,
         "step_ms": _stats([t["step_ms"] for t in out]),
         "img_s": _stats([t["img_s"] for t in out]),
         "verdict": out[0]["verdict"] if len(verdicts) == 1 else "mixed",
-        "verdicts": dict(verdicts),
+        # most common first: "compute 5/5", "compute 4/5, host / launch 1/5"
+        "verdicts": dict(verdicts.most_common()),
     }
 
 
+def verdict_counts(result: dict[str, Any]) -> str:
+    """'compute 5/5' or 'compute 3/5, host / launch 2/5': how many of the N trials gave each verdict."""
+    n = len(result["trials"])
+    return ", ".join(f"{name} {count}/{n}" for name, count in result["verdicts"].items())
+
+
 def run_profile(
-    overrides: dict[str, Any], project: str, name: str, repeat: int = 1, try_lever: bool = False
+    overrides: dict[str, Any], project: str, name: str, repeat: int = 1, try_lever: bool = False, fresh: bool = True
 ) -> dict[str, Any]:
     base = increment_run_dir(project, name, exist_ok=False)
-    before = trials(overrides, base, repeat, "prof")
+    before = trials(overrides, base, repeat, "prof", fresh)
     result: dict[str, Any] = {**before, "run_dir": str(base), "repeat": None, "try": None}
     if repeat > 1:
         write_json(base / "profile_repeat.json", before)
         result["repeat"] = str(base / "profile_repeat.json")
     if try_lever:
-        result["try"] = try_first_lever(overrides, base, repeat, before)
+        result["try"] = try_first_lever(overrides, base, repeat, before, fresh)
     return result
 
 
@@ -166,7 +226,9 @@ def try_outcome(before_img_s: float, after_img_s: float) -> tuple[float | None, 
     return speedup, None
 
 
-def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: dict[str, Any]) -> dict[str, Any]:
+def try_first_lever(
+    overrides: dict[str, Any], base: Path, repeat: int, before: dict[str, Any], fresh: bool = True
+) -> dict[str, Any]:
     """Apply the verdict's first lever when its evidence is strong, measure again under the same settings and
     window length otherwise, and compare."""
     common = Counter(t["verdict"] for t in before["trials"]).most_common(1)[0][0]
@@ -186,7 +248,7 @@ def try_first_lever(overrides: dict[str, Any], base: Path, repeat: int, before: 
         record.update(after=None, speedup=None, note=refusal)
     else:
         assert lever is not None
-        after = trials({**overrides, **lever}, base, repeat, "try")
+        after = trials({**overrides, **lever}, base, repeat, "try", fresh)
         speedup, note = try_outcome(before["img_s"]["mean"], after["img_s"]["mean"])
         captured = max(t.get("captures_in_window", 0) for t in after["trials"])
         if captured:

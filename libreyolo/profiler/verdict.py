@@ -100,8 +100,24 @@ def memory_figures(h: dict[str, Any]) -> dict[str, Any]:
         "total_mb": total,
         "device_frac": h.get("device_used_frac"),
         "other_mb": h.get("other_process_mb"),
+        "other_processes": h.get("other_processes"),
         "captures": int(h.get("captures_in_window") or 0),
+        "moved": [int(k) for k in h.get("window_moved_past") or []],
     }
+
+
+def _process_list(procs: list[dict[str, Any]] | None) -> str:
+    """'; other processes on it (NVML): python3 (pid 4242) 134.0 GiB, ...' or '' when NVML could not say."""
+    if procs is None:
+        return ""
+    if not procs:
+        return "; NVML lists no other process on the device"
+    shown = []
+    for p in procs[:5]:
+        who = f"{p['name']} (pid {p['pid']})" if p.get("name") else f"pid {p['pid']} (not visible from this process)"
+        shown.append(f"{who} {_gib(p['used_mb'])}" if p.get("used_mb") is not None else who)
+    more = f" and {len(procs) - 5} more" if len(procs) > 5 else ""
+    return "; other processes on it (NVML): " + ", ".join(shown) + more
 
 
 def _memory_notes(m: dict[str, Any], churn: bool) -> tuple[str, str]:
@@ -113,7 +129,7 @@ def _memory_notes(m: dict[str, Any], churn: bool) -> tuple[str, str]:
         lead = (
             f"The device is {_pct(m['device_frac'])} full: {_gib(m['other_mb'])} held outside this run's allocator "
             "(other processes, CUDA contexts), "
-            f"{own} reserved by this run at its peak. "
+            f"{own} reserved by this run at its peak{_process_list(m['other_processes'])}. "
         )
     tail = ""
     if not churn and m["malloc_per_step"] >= MALLOC_PER_STEP:
@@ -134,9 +150,15 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
     malloc/free calls per step, alloc_retries, ooms, peak_reserved_mb, total_mb, device_used_frac, ...);
     meta: the run's settings."""
     v = _decide(h, meta)
+    m = memory_figures(h)
+    if m["moved"]:
+        steps = ", ".join(str(k) for k in m["moved"])
+        v.why += (
+            f" The window was moved past the CUDA graph capture(s) at step(s) {steps}: those steps are not measured."
+        )
+        v.evidence["window_moved_past"] = m["moved"]
     if not meta["device"].startswith("cuda"):
         return v
-    m = memory_figures(h)
     churn = m["free_per_step"] >= FREE_PER_STEP or m["alloc_retries"] > 0 or m["ooms"] > 0
     lead, tail = _memory_notes(m, churn)
     v.why = (lead + v.why[:1].upper() + v.why[1:] if lead else v.why) + tail

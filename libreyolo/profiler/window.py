@@ -5,6 +5,12 @@ they really do; only this half decides the verdict. Second half: every phase is 
 synchronize, so its time can be attributed to phases (reported, never used for the verdict). Then the window
 writes its artifacts, emits a `profile` event and hands the loop back exactly as it found it.
 
+A step in which the step runner captured (or re-captured) a CUDA graph is never measured: capture runs the
+step's work several times, empties the allocator cache and allocates the graph's pool, which would read as a
+slow step with allocator churn. In the first half the window starts again after it (at the next accumulation
+boundary, with a fresh profiler); in the second half that step is left out and the half goes on. The steps
+moved past are in `Window.moved` and in the report.
+
 The window lives on the trainer only while it measures: `trainer.phases` and `trainer.after_step` are swapped
 in and restored, so a run with profile off carries nothing on its hot path."""
 
@@ -24,6 +30,9 @@ from libreyolo.engine.step import PHASES
 
 ANNOTATION = "libreyolo::"  # prefix of the record_function ranges the analysis looks for in the trace
 WARMUP, UNSYNC, SYNC, DONE = "warmup", "unsync", "sync", "done"
+# a run that captures again and again (shapes that keep changing) is measured anyway after this many moves;
+# the trace's capture count then says that the window holds captures
+MAX_MOVES = 8
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -146,6 +155,8 @@ class Window:
         self.mem_before: dict[str, int] = {}
         self.mem_after: dict[str, int] = {}
         self.peak_allocated = self.peak_reserved = 0
+        self.moved: list[int] = []  # steps (counted from attach, 1-based) held a CUDA graph capture: not measured
+        self._captures = self._capture_count()
         trainer.after_step = self
         if plan.warmup == 0:  # the loop starts on an accumulation boundary: measure from its first step
             self._start_unsync()
@@ -215,7 +226,11 @@ class Window:
             self._prev_after(trainer)
         self.seen += 1
         boundary, epoch_end = self._boundary()
-        if self.state == WARMUP:
+        captures = self._capture_count()
+        captured, self._captures = captures > self._captures, captures
+        if captured and self.state in (UNSYNC, SYNC) and len(self.moved) < MAX_MOVES:
+            self._move_past_capture(boundary)
+        elif self.state == WARMUP:
             self.warmup_steps += 1
             if self.warmup_steps >= self.plan.warmup and boundary:
                 self._start_unsync()
@@ -236,6 +251,34 @@ class Window:
         # only while the recorder is in place: an epoch that ends in the warmup must not eat the first measured step
         self.skip_next_data = epoch_end and self.state in (UNSYNC, SYNC)
         self.epoch_end_work = self.skip_next_data
+
+    def _capture_count(self) -> int:
+        """CUDA graphs the step runner has captured so far (the eager step never captures)."""
+        return int(getattr(self.trainer.s.step, "captures", 0))
+
+    def _move_past_capture(self, boundary: bool) -> None:
+        """The step that just ended held a capture: leave it out of the window."""
+        self.moved.append(self.seen)
+        self.step_open = False
+        if self.state == SYNC:
+            return  # the verdict's half is already measured; this step's phase times include the capture: not counted
+        # first half: everything measured so far goes, with its profiler; measuring starts again after this step
+        for rf in (self._rf_step, self._rf_segment):
+            if rf is not None:
+                rf.__exit__(None, None, None)
+        self._rf_step = self._rf_segment = None
+        self._t_segment = None
+        self.sync()  # the capture's queued work must not run inside the new window
+        if self.prof is not None:
+            self.prof.__exit__(None, None, None)
+            self.prof = None
+        self.unsync = HalfRecord()
+        self.peak_allocated = self.peak_reserved = 0
+        self.warmup_steps = self.seen  # every step so far is outside the window
+        self.state = WARMUP
+        self.trainer.phases = self._prev_phases
+        if boundary:
+            self._start_unsync()
 
     def _start_unsync(self) -> None:
         self.sync()  # the warmup's queued GPU work must not run inside the window
@@ -285,10 +328,11 @@ class Window:
         needed = self.plan.warmup + self.plan.unsync + self.plan.sync
         state, self.state = self.state, DONE
         self.detach()
+        moved = f"; it moved past CUDA graph captures at step(s) {_steps(self.moved)}" if self.moved else ""
         self.trainer.emit(
             ev.WarningEvent(
                 f"profile: training ended after {self.seen} step(s), in the {state} part of the window "
-                f"(needs at least {needed}: profile_warmup={self.plan.warmup}, "
+                f"(needs at least {needed}{moved}: profile_warmup={self.plan.warmup}, "
                 f"profile_steps={self.plan.unsync + self.plan.sync}); "
                 "no report written. Train for more steps or lower profile_warmup / profile_steps.",
                 code="profile",
@@ -309,3 +353,7 @@ class Window:
             "synced_ms": {k: 1000 * v / max(s.steps, 1) for k, v in s.phase_s.items()},
             "synced_step_ms": 1000 * sum(s.step_s) / max(s.steps, 1),
         }
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(str(k) for k in steps)
