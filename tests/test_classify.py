@@ -172,7 +172,14 @@ def test_a_classifier_overfits_and_reports_top1_top5_everywhere(tmp_path, capsys
     assert columns(state.terms, state.labels) == ("epoch", "ce", "top1", "top5", "time", "val", "img/s")
     assert cells(state.rows[24], state.terms, metrics=state.metrics)[2:4] == ("1.000", "1.000")
     assert MetricsPlot().data(state) == (("top1", "top5"), ((25, (1.0, 1.0)),))
-    assert summarize(run, tmp_path / "runs").best_map is None  # no mAP: the run list shows "-"
+    listed = summarize(run, tmp_path / "runs")  # the run list: the headline metric, named (no mAP)
+    assert listed.best_map == 1.0 and listed.best_label == "top1"
+    from libreyolo_console.compare import CompareRun
+    from libreyolo_console.widgets.compare_table import row_cells
+
+    compared = CompareRun(run, "exp")
+    compared.apply(events)
+    assert compared.best_map == 1.0 and row_cells(compared, [])[3] == "1.000 top1"
 
     # val and predict on the trained weights
     got = m.val(str(data), imgsz=32, workers=0)
