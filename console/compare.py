@@ -91,9 +91,16 @@ class CompareRun:
 
     @property
     def best_map(self) -> float | None:
-        """mAP50-95 of the best epoch (best fitness, the one best.pt holds), as the run view shows it."""
+        """mAP50-95 of the best epoch (best fitness, the one best.pt holds), as the run view shows it; for another
+        task its headline metric (a classifier's top1; best_label names it)."""
         best = self.state.best
-        return None if best is None else best.map
+        return None if best is None else best.metrics.get(self.state.task.headline)
+
+    @property
+    def best_label(self) -> str:
+        """ "" for detection (the column says mAP50-95), else the headline metric's name."""
+        task = self.state.task
+        return "" if task.name == "detect" else task.label(task.headline)
 
     @property
     def epoch_text(self) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libreyolo.tasks import DETECT, TASKS
 from libreyolo_console.supervisor import RECORD, ProcessRecord, is_alive, read_record, record_alive
 from libreyolo_console.tail import LineTail, parse_event
 
@@ -52,7 +53,8 @@ class RunSummary:
     model: str = "?"
     epoch: int = 0  # epochs completed
     epochs: int = 0
-    best_map: float | None = None  # best mAP50-95 seen in the file's tail
+    best_map: float | None = None  # best mAP50-95 seen in the file's tail (another task: its headline metric)
+    best_label: str = ""  # "" for detection's mAP50-95, else the headline metric's name (top1), shown beside it
     started: float | None = None  # Unix time of the first run_start (or of the launch)
 
 
@@ -114,8 +116,13 @@ def summarize(run_dir: Path, project: Path) -> RunSummary:
     done = [e["epoch"] + 1 for e in tail if e.get("type") == "epoch_end"]
     current = last_of(tail, "epoch_start")
     s.epoch = max(done) if done else current["epoch"] if current else (last_start or {}).get("start_epoch", 0)
-    maps = [e["map"] for e in tail if e.get("type") == "val"]
-    best = (last_end or {}).get("metrics", {}).get("map")
+    # detection: mAP50-95; another task (run_start.task): its headline metric, from val.metrics
+    task = TASKS.get(str((first or {}).get("task")), DETECT)
+    key = task.headline
+    s.best_label = "" if task is DETECT else task.label(key)
+    vals = [(e.get("metrics") or {}).get(key, e.get(key)) for e in tail if e.get("type") == "val"]
+    maps = [v for v in vals if isinstance(v, (int, float))]
+    best = (last_end or {}).get("metrics", {}).get(key)
     s.best_map = best if isinstance(best, (int, float)) else max(maps) if maps else None
     return s
 

@@ -5,7 +5,8 @@ watching live (applying new events as they arrive) build exactly the same view.
 
 The loss terms are the model family's (run_start.loss_terms, in order); nothing here knows any family's
 names. A version-1 file has no loss_terms: the terms are then the keys of the losses dicts, in the order
-they first appear."""
+they first appear. Likewise the validation metrics are the task's (run_start.task and .metrics, libreyolo.tasks);
+files before version 3 are detection runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from libreyolo.eta import EtaEstimator
+from libreyolo.tasks import DETECT, TASKS, Task
 
 MAX_POINTS = 2000  # loss-curve points kept; older ones are thinned so a week-long run stays cheap to plot
 
@@ -21,6 +23,8 @@ MAX_POINTS = 2000  # loss-curve points kept; older ones are thinned so a week-lo
 class EpochRow:
     epoch: int
     losses: dict[str, float] = field(default_factory=dict)  # exact mean training loss per term (epoch_end)
+    metrics: dict[str, float] = field(default_factory=dict)  # val.metrics: the task's metrics by name
+    # detection's four (None for other tasks), as the compare view and the run list read them
     precision: float | None = None
     recall: float | None = None
     map50: float | None = None
@@ -29,6 +33,11 @@ class EpochRow:
     img_s: float | None = None
     val_s: float | None = None  # val.time_s: how long validation held the training loop
     eval_s: float | None = None  # val.eval_s: the COCO evaluation, often in the background (None in v1 files)
+
+    def __post_init__(self) -> None:
+        if not self.metrics and self.map is not None:  # a row built with detection's four
+            four = (self.precision, self.recall, self.map50, self.map)
+            self.metrics = {k: float(v) for k, v in zip(DETECT.metric_names, four) if v is not None}
 
 
 @dataclass
@@ -43,6 +52,8 @@ class RunState:
     mosaic: bool | None = None
     last_step: dict[str, Any] | None = None
     terms: tuple[str, ...] = ()  # the family's loss terms, in order
+    task: Task = DETECT  # run_start.task: what the metrics are and how the best epoch is chosen
+    metrics: tuple[str, ...] = DETECT.metric_names  # run_start.metrics (v3), in order
     # (fractional epoch, {term: mean loss since the epoch began}) per step event
     losses: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     rows: dict[int, EpochRow] = field(default_factory=dict)
@@ -86,6 +97,8 @@ class RunState:
         self.steps = e["steps_per_epoch"]
         self.step = 0
         self.eta.reset()  # a resumed process warms up again
+        self.task = TASKS.get(str(e.get("task")), DETECT)
+        self.metrics = tuple(map(str, e.get("metrics") or self.task.metric_names))  # absent before version 3
         terms = e.get("loss_terms")  # absent in version-1 files
         if isinstance(terms, list) and terms:
             self.terms, self._declared = tuple(map(str, terms)), True
@@ -121,7 +134,10 @@ class RunState:
 
     def _on_val(self, e: dict[str, Any]) -> None:
         r = self._row(e["epoch"])
-        r.precision, r.recall, r.map50, r.map = e["precision"], e["recall"], e["map50"], e["map"]
+        four = {k: e.get(k) for k in DETECT.metric_names}  # the only metrics before version 3
+        metrics = e.get("metrics") or four
+        r.metrics = {str(k): float(v) for k, v in metrics.items() if v is not None}
+        r.precision, r.recall, r.map50, r.map = (four[k] for k in DETECT.metric_names)
         r.val_s, r.eval_s = e["time_s"], e.get("eval_s")  # (no eval_s in version-1 files)
 
     def _on_epoch_end(self, e: dict[str, Any]) -> None:
@@ -168,10 +184,14 @@ class RunState:
     @property
     def best(self) -> EpochRow | None:
         # (fitness, row) of every validated epoch: max() keeps the first row of equal fitness
-        scored = [
-            (0.1 * r.map50 + 0.9 * r.map, r) for r in self.rows.values() if r.map is not None and r.map50 is not None
-        ]
+        weights = self.task.fitness_weights
+        scored = [(self.task.fitness(r.metrics), r) for r in self.rows.values() if weights.keys() <= r.metrics.keys()]
         return max(scored, key=lambda p: p[0], default=(0.0, None))[1]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The metrics' column headings (P, R, mAP50, mAP50-95; top1, top5)."""
+        return tuple(self.task.label(m) for m in self.metrics)
 
     @property
     def fallback(self) -> dict[str, Any] | None:

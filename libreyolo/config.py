@@ -27,11 +27,17 @@ class TrainConfig:
     model: str = opt(
         "LibreYOLO9t",
         K.text,
-        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs: docs/families.md) or a "
-        "checkpoint .pt",
+        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs; classifiers LibreResNet18, "
+        "LibreMNv4s: docs/families.md) or a checkpoint .pt",
         "run",
     )
-    data: str = opt("shapes", K.text, "dataset yaml, or 'shapes' for the built-in synthetic dataset", "run")
+    data: str = opt(
+        "shapes",
+        K.text,
+        "dataset yaml, or 'shapes' for the built-in synthetic dataset; a classifier also takes a folder holding "
+        "train/<class>/ and val/<class>/ (its 'shapes' is the built-in crops)",
+        "run",
+    )
     epochs: int = opt(100, K.positive(K.integer), "number of training epochs", "run")
     batch: int = opt(16, K.batch, "global batch size (split over GPUs); -1 picks it from GPU memory", "run")
     imgsz: int = opt(640, K.imgsz, "training and validation image size (square, multiple of 32)", "run")

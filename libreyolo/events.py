@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-SCHEMA_VERSION = 2
+from libreyolo.tasks import DETECT
+
+SCHEMA_VERSION = 3
 # what readers (the console) still accept: version 1 files lack run_start's loss_terms and cuda_graph_mode/
-# cuda_graph_reason and val's eval_s, and a reader derives or omits them
-READABLE_VERSIONS = (1, 2)
+# cuda_graph_reason and val's eval_s; versions 1 and 2 lack run_start's metrics and val's metrics (they are
+# detection runs: precision, recall, map50, map); a reader derives or omits them
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass
@@ -65,6 +68,8 @@ class RunStart(Event):
     pid: int
     resumed: bool
     config: dict[str, Any]
+    # the task's validation metrics, in order (libreyolo.tasks): the keys of every val.metrics dict
+    metrics: list[str] = field(default_factory=lambda: list(DETECT.metric_names))
 
 
 @dataclass
@@ -96,16 +101,29 @@ class Step(Event):
 
 @dataclass
 class Val(Event):
+    """`metrics` holds the task's metrics by name (run_start.metrics). A detection run also fills the four
+    fields it had before version 3 (precision, recall, map50, map), None for other tasks; either way of
+    building one fills the other."""
+
     type: ClassVar[str] = "val"
     epoch: int
-    precision: float
-    recall: float
-    map50: float
-    map: float
     losses: dict[str, float]
     images: int
     time_s: float  # forward, loss and NMS: the time validation held the training loop
     eval_s: float  # the COCO evaluation (on a background thread while the next epoch trains)
+    metrics: dict[str, float] = field(default_factory=dict)
+    precision: float | None = None
+    recall: float | None = None
+    map50: float | None = None
+    map: float | None = None
+
+    def __post_init__(self) -> None:
+        four = ("precision", "recall", "map50", "map")
+        if not self.metrics and self.map is not None:
+            self.metrics = {k: float(getattr(self, k)) for k in four}
+        elif all(k in self.metrics for k in four):
+            for k in four:
+                setattr(self, k, float(self.metrics[k]))
 
 
 @dataclass

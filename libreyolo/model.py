@@ -133,11 +133,18 @@ class LibreYOLO:
         device: str = "auto",
         max_det: int = 300,
         multi_label: bool | str = "auto",
+        top_k: int = 5,
     ) -> list[Any]:
         """Detect objects in images: a path, a folder, a numpy array in OpenCV's channel order (gray, BGR or
         BGRA, uint8), a PIL image, or a list of them. -> `Predictions`, a list of `Results` (one per readable
         image) whose `skipped` lists the files that could not be read. multi_label auto is false here (one class
-        per box); val() uses true: pass the same value to both to reproduce val's mAP from these detections."""
+        per box); val() uses true: pass the same value to both to reproduce val's mAP from these detections.
+        A classifier returns `ClassResults` instead: its top-k classes and probabilities, k = top_k."""
+        if self.family.task == "classify":  # top-k classes instead of boxes
+            from libreyolo.predict_cls import run_classify
+
+            k = TrainConfig.parse_value("max_det", top_k)
+            return run_classify(self, source, TrainConfig.parse_value("device", device), imgsz or self.imgsz, k)
         from libreyolo.predict import run_predict
 
         kw = {"conf": conf, "iou": iou, "imgsz": imgsz or self.imgsz, "device": device, "max_det": max_det}

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from libreyolo import events as ev
 from libreyolo.eta import EtaEstimator
+from libreyolo.tasks import DETECT, TASKS
 
 
 def _interactive() -> bool:
@@ -37,6 +38,8 @@ class RichRenderer:
         self._last_plain = 0.0
         self._epochs = 0
         self._terms: list[str] = []  # the family's loss terms, from run_start
+        self._labels: dict[str, str] = dict(zip(DETECT.metric_names, DETECT.labels))  # metric -> column heading
+        self._detect = True
 
     def __call__(self, e: ev.Event) -> None:
         handler = getattr(self, "_on_" + e.type, None)
@@ -51,6 +54,9 @@ class RichRenderer:
     # --- handlers -----------------------------------------------------------------------------------
     def _on_run_start(self, e: ev.RunStart) -> None:
         self._epochs, self._terms = e.epochs, list(e.loss_terms)
+        task = TASKS.get(e.task)
+        self._detect = e.task == DETECT.name  # only detection has mosaic epochs to tell apart
+        self._labels = {m: task.label(m) if task else m for m in e.metrics}
         self._eta.reset()  # a resumed process warms up again
         c = self.console
         c.print(
@@ -66,7 +72,7 @@ class RichRenderer:
         c.print(f"  run dir {e.run_dir}" + ("  [yellow](resumed)[/]" if e.resumed else ""))
 
     def _on_epoch_start(self, e: ev.EpochStart) -> None:
-        desc = f"Epoch {e.epoch + 1}/{e.epochs}" + ("" if e.mosaic else " (no mosaic)")
+        desc = f"Epoch {e.epoch + 1}/{e.epochs}" + ("" if e.mosaic or not self._detect else " (no mosaic)")
         if self.plain:
             self.console.print(desc + f": {e.steps} steps")
             return
@@ -104,14 +110,12 @@ class RichRenderer:
         self.close()
         t = Table(box=None, padding=(0, 2), show_edge=False)
         terms = self._terms or list(e.losses)
-        for col in ("images", "P", "R", "mAP50", "mAP50-95", "val " + "/".join(terms), "time"):
+        metrics = [m for m in self._labels if m in e.metrics] or list(e.metrics)
+        for col in ("images", *(self._labels.get(m, m) for m in metrics), "val " + "/".join(terms), "time"):
             t.add_column(col, justify="right")
         t.add_row(
             str(e.images),
-            f"{e.precision:.3f}",
-            f"{e.recall:.3f}",
-            f"{e.map50:.3f}",
-            f"{e.map:.3f}",
+            *(f"{e.metrics[m]:.3f}" for m in metrics),
             "/".join(f"{e.losses.get(k, 0):.3f}" for k in terms),
             f"{e.time_s:.1f}s",
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 from libreyolo import events as ev
 from libreyolo.errors import ConfigError
+from libreyolo.tasks import DETECT, TASKS
 
 INSTALL = (
     'tensorboard=true needs the tensorboard package: pip install "libreyolo[tensorboard]" (or pip install tensorboard)'
@@ -63,6 +64,7 @@ class TensorBoardLogger:
     # --- handlers -----------------------------------------------------------------------------------
     def _on_run_start(self, e: ev.RunStart) -> None:
         self._terms, self._steps_per_epoch = list(e.loss_terms), e.steps_per_epoch
+        self._task = TASKS.get(e.task, DETECT)
 
     def _on_step(self, e: ev.Step) -> None:
         step = e.epoch * (self._steps_per_epoch or e.steps) + e.step
@@ -73,12 +75,8 @@ class TensorBoardLogger:
         self._scalars(values, step)
 
     def _on_val(self, e: ev.Val) -> None:
-        metrics = {
-            "metrics/precision(B)": e.precision,
-            "metrics/recall(B)": e.recall,
-            "metrics/mAP50(B)": e.map50,
-            "metrics/mAP50-95(B)": e.map,
-        }
+        task = getattr(self, "_task", DETECT)  # results.csv's column names: the task's
+        metrics = {m.column: e.metrics[m.name] for m in task.metrics if m.name in e.metrics}
         self._scalars({**metrics, **self._losses("val", e.losses)}, e.epoch + 1)
 
     def _on_epoch_end(self, e: ev.EpochEnd) -> None:

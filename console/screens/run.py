@@ -187,7 +187,8 @@ class RunScreen(Screen[None]):
         line.append(f"  {st}")
         best = s.best
         if best is not None:
-            line.append(f"  best mAP50-95 {best.map:.3f} (epoch {best.epoch + 1})")
+            head = s.task.headline  # detection: mAP50-95; classification: top-1
+            line.append(f"  best {s.task.label(head)} {best.metrics[head]:.3f} (epoch {best.epoch + 1})")
         if s.end is not None and self.status != LIVE:
             # the count and the time cover the same span: every process that trained the run
             parts = f" over {s.starts} processes" if s.starts > 1 else ""

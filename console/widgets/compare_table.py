@@ -24,7 +24,7 @@ def row_cells(run: CompareRun, keys: list[str]) -> Row:
         run.name,
         run.status,
         run.epoch_text,
-        num(run.best_map),
+        num(run.best_map) + (f" {run.best_label}" if run.best_label and run.best_map is not None else ""),
         "-" if img_s is None else f"{img_s:.0f}",
         run.gpu,
         duration(run.wall_s),

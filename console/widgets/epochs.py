@@ -6,16 +6,18 @@ from __future__ import annotations
 from textual import events
 from textual.widgets import DataTable
 
+from libreyolo.tasks import DETECT
 from libreyolo_console.state import EpochRow, RunState
 from libreyolo_console.widgets.fmt import duration, num, seconds
 
-METRICS = ("P", "R", "mAP50", "mAP50-95")
+METRICS = DETECT.labels  # a detection run's, the columns shown before run_start is read
 TIMES = ("time", "val", "img/s")
 _SCROLLBAR = 2  # columns a vertical scrollbar takes once the epochs outnumber the rows
 
 
-def columns(terms: tuple[str, ...]) -> tuple[str, ...]:
-    return ("epoch", *terms, *METRICS, *TIMES)
+def columns(terms: tuple[str, ...], metrics: tuple[str, ...] = METRICS) -> tuple[str, ...]:
+    """terms: the loss terms; metrics: the task's metric headings (RunState.labels)."""
+    return ("epoch", *terms, *metrics, *TIMES)
 
 
 def val_time(r: EpochRow, with_eval: bool = True) -> str:
@@ -30,14 +32,14 @@ def speed(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
-def cells(r: EpochRow, terms: tuple[str, ...], with_eval: bool = True) -> tuple[str, ...]:
+def cells(
+    r: EpochRow, terms: tuple[str, ...], with_eval: bool = True, metrics: tuple[str, ...] = DETECT.metric_names
+) -> tuple[str, ...]:
+    """metrics: the task's metric names (RunState.metrics), in the order of the headings."""
     return (
         str(r.epoch + 1),
         *(num(r.losses.get(t)) for t in terms),
-        num(r.precision),
-        num(r.recall),
-        num(r.map50),
-        num(r.map),
+        *(num(r.metrics.get(m)) for m in metrics),
         duration(r.time_s),
         val_time(r, with_eval),
         speed(r.img_s),
@@ -71,12 +73,12 @@ class EpochTable(DataTable[str]):
 
     def show_state(self, state: RunState) -> None:
         self._state = state
-        header = columns(state.terms)
+        header = columns(state.terms, state.labels)
         rows = [r for _, r in sorted(state.rows.items())]
-        shown = [cells(r, state.terms) for r in rows]
+        shown = [cells(r, state.terms, metrics=state.metrics) for r in rows]
         if table_width(header, shown, self.cell_padding) > self.size.width - _SCROLLBAR:
             shown = [
-                cells(r, state.terms, with_eval=False) for r in rows
+                cells(r, state.terms, with_eval=False, metrics=state.metrics) for r in rows
             ]  # the evaluation time only where there is room
         if header == self._columns and shown == self._shown:
             return  # step events arrive often; the table only changes at epoch ends

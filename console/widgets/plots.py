@@ -1,4 +1,5 @@
-"""Live curves drawn in the terminal (plotext): training losses per step event, P/R/mAP per epoch."""
+"""Live curves drawn in the terminal (plotext): training losses per step event, the task's validation metrics (P/R/mAP,
+top-1/top-5) per epoch."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def x_limits(xs: Sequence[float]) -> tuple[float, float] | None:
 # what a plot draws, compared between batches of events to skip redraws that would change nothing
 # LossPlot: (the loss terms, (fractional epoch, {term: loss}) per step event)
 LossData = tuple[tuple[str, ...], tuple[tuple[float, dict[str, float]], ...]]
-# MetricsPlot: (epoch number, P, R, mAP50, mAP50-95) per validated epoch
-MetricsData = tuple[tuple[int, float | None, float | None, float | None, float], ...]
+# MetricsPlot: (the metrics' headings, (epoch number, each metric's value) per validated epoch)
+MetricsData = tuple[tuple[str, ...], tuple[tuple[int, tuple[float | None, ...]], ...]]
 PlotData = TypeVar("PlotData")
 
 
@@ -119,24 +120,24 @@ class LossPlot(_Plot[LossData]):
 
 
 class MetricsPlot(_Plot[MetricsData]):
-    """Validation precision, recall, mAP50 and mAP50-95 per epoch."""
+    """The task's validation metrics per epoch (detection: precision, recall, mAP50, mAP50-95)."""
 
     def data(self, state: RunState) -> MetricsData:
-        return tuple(
-            (r.epoch + 1, r.precision, r.recall, r.map50, r.map)
+        rows = tuple(
+            (r.epoch + 1, tuple(r.metrics.get(m) for m in state.metrics))
             for _, r in sorted(state.rows.items())
-            if r.map is not None
+            if r.metrics
         )
+        return state.labels, rows
 
-    def draw(self, rows: MetricsData) -> None:
+    def draw(self, data: MetricsData) -> None:
         plt = self.plt
         plt.title("validation")
         plt.xlabel("epoch")
+        labels, rows = data
         if rows:
             xs = [r[0] for r in rows]
-            for i, (name, (marker, color)) in enumerate(
-                zip(("P", "R", "mAP50", "mAP50-95"), self.series(4), strict=True)
-            ):
-                plt.plot(xs, [r[i + 1] for r in rows], label=name, marker=marker, color=color)
+            for i, (name, (marker, color)) in enumerate(zip(labels, self.series(len(labels)), strict=True)):
+                plt.plot(xs, [r[1][i] for r in rows], label=name, marker=marker, color=color)
             plt.ylim(*y_limits([], unit=True))
             plt.xlim(*(x_limits(xs) or (None, None)))

@@ -45,7 +45,7 @@ class RunList(DataTable[str | Text]):
         for r in runs:
             started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started)) if r.started else "-"
             epoch = f"{r.epoch}/{r.epochs}" if r.epochs else "-"
-            best = "-" if r.best_map is None else f"{r.best_map:.3f}"
+            best = "-" if r.best_map is None else f"{r.best_map:.3f}" + (f" {r.best_label}" if r.best_label else "")
             self.add_row(self._run_label(r), status_text(r.status), r.model, epoch, best, started, key=str(r.run_dir))
         if selected is not None and str(selected.run_dir) in self.runs:
             self.move_cursor(row=self.get_row_index(str(selected.run_dir)))

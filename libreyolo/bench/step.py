@@ -1,7 +1,8 @@
 """libreyolo bench step: training-step time on one replayed real batch, eager vs cuda_graph=true vs "full".
 
 Data loading is excluded: one augmented (mosaic) batch of the built-in dataset is moved to the device once
-and replayed. Each mode gets a fresh network (same seed) in the same process, warms up (graph modes capture
+and replayed (a classifier's: a random-resized-crop batch of the built-in shapes crops). Each mode gets a fresh
+network (same seed) in the same process, warms up (graph modes capture
 during it), then at least 24 steps are timed one by one with CUDA events. Gradient accumulation runs as in
 training (an optimizer step every nbs/batch steps), so the figures are per training step."""
 
@@ -47,11 +48,21 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import AugmentConfig, YOLODataset, collate
     from libreyolo.data.labels import scan_labels
+    from libreyolo.families import parse_model_name
 
-    dc = load_data_config("shapes")
-    ds = YOLODataset(
-        scan_labels(list_images(dc.train), dc.nc), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed
-    )
+    parsed = parse_model_name(cfg.model)
+    if parsed is not None and parsed[0].task == "classify":
+        from libreyolo.data.classify import ClassifyDataset
+        from libreyolo.data.folders import load_classify_config, scan_classes
+
+        dc = load_classify_config("shapes")
+        ls = scan_classes(dc.train[0], dc.names)
+        ds = ClassifyDataset(ls, cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed)
+    else:
+        dc = load_data_config("shapes")
+        ds = YOLODataset(
+            scan_labels(list_images(dc.train), dc.nc), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed
+        )
     b = collate([ds[(i, 0, True)] for i in range(batch)])
     return {k: b[k].to(device) for k in ("img", "targets", "mask")}, dc.nc
 

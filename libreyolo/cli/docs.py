@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from libreyolo.config import TrainConfig
 from libreyolo.data.shapes import DEMO_SETTINGS
+from libreyolo.data.shapes_cls import CLASSIFY_DEMO_SETTINGS
 from libreyolo.families import get_family
 
 GROUPS = {
@@ -34,7 +35,9 @@ def hyperparameters_markdown() -> str:
         "that family's models take. A family may also override a shared default (`Family.defaults`).",
         "The built-in dataset (`data=shapes`) suggests "
         + " ".join(f"`{k}={v}`" for k, v in DEMO_SETTINGS.items())
-        + " for each of those keys you do not set.",
+        + " for each of those keys you do not set; for a classifier, its built-in crops suggest "
+        + " ".join(f"`{k}={v}`" for k, v in CLASSIFY_DEMO_SETTINGS.items())
+        + ".",
         "",
     ]
     group = None

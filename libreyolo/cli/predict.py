@@ -55,9 +55,11 @@ def run(argv: list[str]) -> int:
             print(f"{r.path}: {summary}")
         if out_dir is not None:
             img = cv2.cvtColor(r.image, cv2.COLOR_RGB2BGR)
-            for d in dets:
-                x1, y1, x2, y2 = (int(v) for v in d["box"])
-                cv2.rectangle(img, (x1, y1), (x2, y2), (0, 255, 0), 2)
+            for i, d in enumerate(dets):
+                # a classifier's top-k have no box: their lines are written in the top-left corner
+                x1, y1, x2, y2 = (int(v) for v in d["box"]) if "box" in d else (4, 14 * (i + 1) + 4, 0, 0)
+                if "box" in d:
+                    cv2.rectangle(img, (x1, y1), (x2, y2), (0, 255, 0), 2)
                 cv2.putText(
                     img,
                     f"{d['name']} {d['score']:.2f}",

@@ -1,4 +1,5 @@
-"""libreyolo val model=... data=... [split=val imgsz= batch= device= conf= iou= max_det= multi_label=]"""
+"""libreyolo val model=... data=... [split=val imgsz= batch= device= conf= iou= max_det= multi_label=]: the task's
+metrics (detection: P, R, mAP50, mAP50-95; classification: top1, top5)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.table import Table
 from libreyolo.cli.args import flag, parse_kv
 from libreyolo.cli.help import show_help
 from libreyolo.eval.run import VAL_KEYS
+from libreyolo.tasks import get_task
 
 KEYS = VAL_KEYS | {"model", "data"}
 
@@ -30,13 +32,14 @@ def run(argv: list[str]) -> int:
     as_json = kw.pop("json", False)
     model = LibreYOLO(kw.pop("model", "LibreYOLO9t"))
     m = model.val(kw.pop("data", "shapes"), **kw)
+    task = get_task(model.family.task)
     if as_json:
-        print(json.dumps({k: m[k] for k in ("precision", "recall", "map50", "map", "losses", "images", "skipped")}))
+        print(json.dumps({k: m[k] for k in (*task.metric_names, "losses", "images", "skipped")}))
         return 0
     t = Table(title=f"{model.model_name} on {m['images']} images")
-    for c in ("P", "R", "mAP50", "mAP50-95"):
+    for c in task.labels:
         t.add_column(c, justify="right")
-    t.add_row(*(f"{m[k]:.4f}" for k in ("precision", "recall", "map50", "map")))
+    t.add_row(*(f"{m[k]:.4f}" for k in task.metric_names))
     Console().print(t)
     for f in m["skipped"]:
         Console(stderr=True).print(f"[yellow]skipped[/] {f}")

@@ -141,3 +141,32 @@ def flip(img: np.ndarray, boxes: np.ndarray, rng: np.random.Generator, p_lr: flo
         img = cv2.flip(img, 0)
         boxes[:, [2, 4]] = h - boxes[:, [4, 2]]
     return img
+
+
+def center_crop(img: np.ndarray, size: int) -> np.ndarray:
+    """Classification's validation view: the short side resized to size, then the centre size x size."""
+    h, w = img.shape[:2]
+    r = size / min(h, w)
+    if r != 1:
+        interpolation = cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR
+        img = cv2.resize(img, (max(size, round(w * r)), max(size, round(h * r))), interpolation=interpolation)
+    h, w = img.shape[:2]
+    y, x = (h - size) // 2, (w - size) // 2
+    return np.ascontiguousarray(img[y : y + size, x : x + size])
+
+
+def random_resized_crop(
+    img: np.ndarray, rng: np.random.Generator, size: int, min_area: float, ratio: tuple[float, float] = (0.75, 4 / 3)
+) -> np.ndarray:
+    """Classification's training view (torchvision's RandomResizedCrop): a crop of min_area..1 of the image's area
+    and aspect ratio log-uniform in `ratio`, resized to size x size; the centre crop if ten draws do not fit."""
+    h, w = img.shape[:2]
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        area = h * w * rng.uniform(min_area, 1.0)
+        ar = math.exp(rng.uniform(lo, hi))
+        cw, ch = round(math.sqrt(area * ar)), round(math.sqrt(area / ar))
+        if 0 < cw <= w and 0 < ch <= h:
+            x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+            return cv2.resize(img[y : y + ch, x : x + cw], (size, size), interpolation=cv2.INTER_LINEAR)
+    return center_crop(img, size)

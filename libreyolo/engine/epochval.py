@@ -24,6 +24,7 @@ from libreyolo.data.dataset import capacity
 from libreyolo.engine.rundir import append_results, results_columns, results_row
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.validator import PendingValidation, start_validation
+from libreyolo.tasks import get_task
 
 VAL_PREFETCH_STEPS = 4  # the validation workers start decoding this many steps before an epoch ends
 
@@ -135,29 +136,24 @@ class EpochValidations:
         s = tr.s
         v = p.validation.result()
         tr._note_bad(v["bad"])
+        task = get_task(s.family.task)
+        metrics = {k: float(v[k]) for k in task.metric_names}
         tr.emit(
             ev.Val(
                 epoch=p.epoch,
-                precision=v["precision"],
-                recall=v["recall"],
-                map50=v["map50"],
-                map=v["map"],
+                metrics=metrics,
                 losses=v["losses"],
                 images=v["images"],
                 time_s=v["time_s"],
                 eval_s=v["eval_s"],
             )
         )
-        fitness = 0.1 * v["map50"] + 0.9 * v["map"]
-        metrics = {
-            "precision": v["precision"],
-            "recall": v["recall"],
-            "map50": v["map50"],
-            "map": v["map"],
-            "fitness": fitness,
-        }
-        row = results_row(p.epoch + 1, time.time() - s.t_start, p.train_losses, v, v["losses"], list(p.lrs.values()))
-        append_results(s.run_dir / "results.csv", row, results_columns(s.family.loss_terms, len(p.lrs)))
+        fitness = task.fitness(metrics)
+        metrics = {**metrics, "fitness": fitness}
+        row = results_row(
+            p.epoch + 1, time.time() - s.t_start, p.train_losses, v, v["losses"], list(p.lrs.values()), task
+        )
+        append_results(s.run_dir / "results.csv", row, results_columns(s.family.loss_terms, len(p.lrs), task))
         return p.epoch, fitness, metrics
 
     def _judge(self, epoch: int | None, fitness: float | None, metrics: dict[str, float], p: _Pending | None) -> None:

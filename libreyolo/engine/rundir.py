@@ -1,4 +1,5 @@
-"""Run folders: runs/train/exp, exp2, ...; args.yaml; results.csv with the Ultralytics column names."""
+"""Run folders: runs/train/exp, exp2, ...; args.yaml; results.csv with the Ultralytics column names (the metric
+columns are the task's: libreyolo/tasks.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ from typing import Any
 
 import yaml
 
-METRIC_COLUMNS = ["metrics/precision(B)", "metrics/recall(B)", "metrics/mAP50(B)", "metrics/mAP50-95(B)"]
+from libreyolo.tasks import DETECT, Task
+
+METRIC_COLUMNS = list(DETECT.columns)  # detection's, for readers of detection runs' results.csv
 
 
-def results_columns(loss_terms: list[str] | tuple[str, ...], param_groups: int) -> list[str]:
-    """The Ultralytics layout, built from the family's loss terms and the optimizer's parameter groups."""
+def results_columns(loss_terms: list[str] | tuple[str, ...], param_groups: int, task: Task = DETECT) -> list[str]:
+    """The Ultralytics layout, built from the family's loss terms, its task's metrics and the optimizer's parameter
+    groups."""
     return [
         "epoch",
         "time",
         *(f"train/{t}_loss" for t in loss_terms),
-        *METRIC_COLUMNS,
+        *task.columns,
         *(f"val/{t}_loss" for t in loss_terms),
     ] + [f"lr/pg{j}" for j in range(param_groups)]
 
@@ -31,8 +35,9 @@ def results_row(
     metrics: dict[str, float],
     val_losses: dict[str, float],
     lrs: list[float],
+    task: Task = DETECT,
 ) -> dict[str, float]:
-    """One results.csv row; metrics holds precision, recall, map50, map."""
+    """One results.csv row; metrics holds the task's metrics by name."""
     row = {
         "epoch": epoch,
         "time": round(time_s, 1),
@@ -40,7 +45,7 @@ def results_row(
         **{f"val/{t}_loss": v for t, v in val_losses.items()},
         **{f"lr/pg{j}": lr for j, lr in enumerate(lrs)},
     }
-    row.update(zip(METRIC_COLUMNS, (metrics["precision"], metrics["recall"], metrics["map50"], metrics["map"])))
+    row.update((m.column, metrics[m.name]) for m in task.metrics)
     return row
 
 

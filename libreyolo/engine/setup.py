@@ -15,8 +15,10 @@ from torch import nn
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.data.cache import open_image_cache
+from libreyolo.data.classify import ClassifyDataset
 from libreyolo.data.config import DataConfig, list_images, load_data_config
 from libreyolo.data.dataset import AugmentConfig, YOLODataset, capacity_bound
+from libreyolo.data.folders import load_classify_config, scan_classes
 from libreyolo.data.labels import LabelSet, no_boxes_message, scan_labels, scan_notes
 from libreyolo.data.loader import (
     TrainBatchSampler,
@@ -42,6 +44,7 @@ from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.errors import CheckpointError, ConfigError, DataError
 from libreyolo.families import Family, LossFn, ScheduleFn, get_family
 from libreyolo.render import RichRenderer
+from libreyolo.tasks import get_task
 from libreyolo.tblog import TensorBoardLogger, require_tensorboard
 
 # settings a resumed run may change; everything else comes from the checkpoint so the run continues as it was
@@ -129,6 +132,7 @@ class TrainSetup:
             cuda_graph_mode=GRAPH_MODE_NAMES[self.graph_mode],
             cuda_graph_reason=self.graph_reason,
             loss_terms=list(self.family.loss_terms),
+            metrics=list(get_task(self.family.task).metric_names),
             workers=self.workers,
             optimizer=f"{self.optimizer_name}(lr={self.lr0:g}, momentum={self.momentum:g})",
             steps_per_epoch=self.sampler.batches_per_epoch(),
@@ -196,6 +200,18 @@ def _scan(data: DataConfig, split: str, nc: int, notes: list[str], allow_empty: 
     return ls
 
 
+def _scan_classes(data: DataConfig, split: str, notes: list[str]) -> LabelSet:
+    """A classification split: the images of its class folders (data/folders.py)."""
+    ls = scan_classes(getattr(data, split)[0], data.names)
+    notes += scan_notes(ls, split)
+    if not len(ls):
+        raise DataError(
+            f"{data.yaml_path}: {split}: none of the {len(ls.skipped)} images is usable (first: {ls.skipped[0][0]}: "
+            f"{ls.skipped[0][1]})"
+        )
+    return ls
+
+
 def build_setup(trainer: Any) -> TrainSetup:
     ckpt = _resume_config(trainer) if trainer.cfg.resume else None
     cfg: TrainConfig = trainer.cfg
@@ -210,11 +226,15 @@ def build_setup(trainer: Any) -> TrainSetup:
     if dist.world_size > 1 and not trainer.model.family.supports_ddp:
         raise ConfigError(distributed.family_message(trainer.model.family.name, cfg.device, dist.world_size))
 
+    classify = trainer.model.family.task == "classify"  # class folders instead of YOLO labels
     with dist.main_first():  # rank 0 generates the built-in dataset and writes label caches; the others reuse them
-        data = load_data_config(cfg.data)
+        data = (load_classify_config if classify else load_data_config)(cfg.data)
         notes += data.notes
-        train_ls = _scan(data, "train", data.nc, notes, cfg.allow_empty)
-        val_ls = _scan(data, "val", data.nc, notes)
+        if classify:
+            train_ls, val_ls = _scan_classes(data, "train", notes), _scan_classes(data, "val", notes)
+        else:
+            train_ls = _scan(data, "train", data.nc, notes, cfg.allow_empty)
+            val_ls = _scan(data, "val", data.nc, notes)
     if ckpt is None:
         cfg.fill_unset(data.suggested, trainer.user_keys)
     seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below
@@ -240,10 +260,11 @@ def build_setup(trainer: Any) -> TrainSetup:
         open_image_cache(cfg.cache, ls, cfg.imgsz, split, notes, progress=dist.is_main)
         for split, ls in (("train", train_ls), ("val", val_ls))
     ]
-    train_ds = YOLODataset(
+    dataset = ClassifyDataset if classify else YOLODataset
+    train_ds = dataset(
         train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed, image_source=caches[0]
     )
-    val_ds = YOLODataset(val_ls, cfg.imgsz, augment=False, image_source=caches[1])
+    val_ds = dataset(val_ls, cfg.imgsz, augment=False, image_source=caches[1])
     cache_closers = [c.close for c in caches if c is not None]  # the last user on the host deletes a RAM cache
     # --- end image cache
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size)

@@ -7,8 +7,10 @@ from typing import Any
 import torch
 
 from libreyolo.config import TrainConfig, resolve_multi_label, unknown_key_message
+from libreyolo.data.classify import ClassifyDataset
 from libreyolo.data.config import list_images, load_data_config
 from libreyolo.data.dataset import YOLODataset
+from libreyolo.data.folders import load_classify_config, scan_classes
 from libreyolo.data.labels import scan_labels
 from libreyolo.data.loader import cpu_count, default_workers, val_loader
 from libreyolo.distributed.device import parse_device
@@ -21,15 +23,17 @@ SPLITS = ("train", "val", "test")
 
 
 def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: Any) -> dict[str, Any]:
-    """-> precision, recall, map50, map, losses, images, time_s (forward, loss, NMS), eval_s (COCO evaluation),
-    detections, skipped (files that could not be used)."""
+    """-> the task's metrics (detection: precision, recall, map50, map; classification: top1, top5), losses,
+    images, time_s (forward, loss, NMS), eval_s (COCO evaluation), detections (detection), skipped (files that could
+    not be used)."""
     unknown = set(kwargs) - VAL_KEYS
     if unknown:
         raise ConfigError(unknown_key_message(sorted(unknown)[0], sorted(VAL_KEYS | {"data", "split"}), "val"))
     cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs}, family=model.family)
     kind, gpus = parse_device(cfg.device)
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
-    dc = load_data_config(data or cfg.data)
+    classify = model.family.task == "classify"
+    dc = (load_classify_config if classify else load_data_config)(data or cfg.data)
     if dc.names != model.names and len(dc.names) != model.nc:
         raise DataError(
             f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: "
@@ -41,13 +45,14 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
             f"split={split!r}: {dc.yaml_path} has no {split!r} split; its splits are {', '.join(has)}. "
             "Pass split= one of those (val is the default)"
         )
-    images = list_images(getattr(dc, split))
-    ls = scan_labels(images, dc.nc)
+    sources = getattr(dc, split)
+    ls = scan_classes(sources[0], dc.names) if classify else scan_labels(list_images(sources), dc.nc)
     if not len(ls):
         raise DataError(f"{dc.yaml_path}: {split}: no usable images")
     batch = 16 if cfg.batch == -1 else cfg.batch
     workers = cfg.workers if cfg.workers is not None else default_workers(batch, len(gpus))
-    loader = val_loader(YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda")
+    dataset = (ClassifyDataset if classify else YOLODataset)(ls, cfg.imgsz, augment=False)
+    loader = val_loader(dataset, batch, workers, device.type == "cuda")
     net = model.net.to(device)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     # a large COCO evaluation (COCO val2017 holds up to 1.5 M detections) is split by categories over processes

@@ -22,6 +22,7 @@ from libreyolo.data.dataset import YOLODataset
 from libreyolo.engine.step import normalize
 from libreyolo.eval.coco import CocoAccumulator
 from libreyolo.eval.graphed import EvalGraph
+from libreyolo.eval.topk import start_topk_validation
 
 # COCO evaluations run one at a time: two at once would double their memory and share one interpreter lock
 _EVAL_LOCK = threading.Lock()
@@ -60,15 +61,22 @@ class PendingValidation:
     """A validation whose device part is done and whose COCO evaluation runs on a background thread (or, when
     not started in the background, in the first call of result())."""
 
-    def __init__(self, acc: CocoAccumulator, base: dict[str, Any], eval_workers: int = 1, background: bool = True):
+    def __init__(
+        self, acc: CocoAccumulator | None, base: dict[str, Any], eval_workers: int = 1, background: bool = True
+    ):
+        """acc None: nothing is left to evaluate (classification counted its metrics on the device); base is the
+        result."""
         self._acc, self._workers, self._base, self._out, self._error = acc, eval_workers, base, None, None
         self._thread = None
-        if background:
+        if acc is None:
+            self._out = {**base, "eval_s": 0.0}
+        elif background:
             self._thread = threading.Thread(target=self._evaluate, name="libreyolo-coco-eval", daemon=True)
             self._thread.start()
 
     def _evaluate(self) -> None:
         try:
+            assert self._acc is not None
             with _EVAL_LOCK:
                 t = time.perf_counter()
                 metrics = self._acc.evaluate(self._workers)
@@ -136,6 +144,20 @@ def start_validation(
     evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
     t0 = time.perf_counter()
     st = stages or _no_stages
+    if getattr(family, "task", "detect") == "classify":  # top-1 / top-5 on the device: no boxes, no COCO evaluation
+        done = start_topk_validation(
+            net,
+            family,
+            loader,
+            device,
+            loss_fn,
+            autocast_dtype,
+            lambda img: to_input(img, device, channels_last),
+            getattr(loader, "batch_size", None) if static_shape else None,
+            graph,
+            st,
+        )
+        return PendingValidation(None, done, background=False)
     was_training = net.training
     net.eval()
     dataset: YOLODataset = loader.dataset

@@ -18,7 +18,7 @@ from torch import nn
 from libreyolo.keys import Key
 
 # the built-in families, imported on first use of the registry (each module calls register())
-_BUILTIN = ("libreyolo.families.yolo9", "libreyolo.families.yolox")
+_BUILTIN = ("libreyolo.families.yolo9", "libreyolo.families.yolox", "libreyolo.families.classify")
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # DDP's all-reduce of the loss normaliser
@@ -165,11 +165,12 @@ def get_family(name: str) -> Family:
 
 
 def parse_model_name(name: str) -> tuple[Family, str] | None:
-    """'LibreYOLO9t' -> (yolo9 family, 't'); None if the name is not a known model name."""
+    """'LibreYOLO9t' -> (yolo9 family, 't'), 'LibreResNet18' -> (resnet family, '18'); None if the name is not a
+    known model name."""
     _load_builtin()
     # the longest prefix first: LibreYOLOX must not be read as LibreYOLO + "x..."
     for fam in sorted(_REGISTRY.values(), key=lambda f: -len(f.prefix)):
-        m = re.fullmatch(re.escape(fam.prefix) + r"([a-z]+)", name, flags=re.IGNORECASE)
+        m = re.fullmatch(re.escape(fam.prefix) + r"([a-z0-9]+)", name, flags=re.IGNORECASE)
         if m and m.group(1).lower() in fam.sizes:
             return fam, m.group(1).lower()
     return None

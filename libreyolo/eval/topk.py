@@ -1,0 +1,86 @@
+"""Classification's validation: loss and top-1 / top-5 accuracy, counted on the device (one host copy at the end,
+nothing left to evaluate in the background). Called by `validator.start_validation` for task "classify"."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def topk_correct(logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, k: int = 5) -> torch.Tensor:
+    """-> (2,) the weighted count of images whose class is the best guess, and among the best min(k, nc)."""
+    hit = logits.topk(min(k, logits.shape[1]), dim=1).indices == labels[:, None]
+    return torch.stack((hit[:, 0].to(weight.dtype) @ weight, hit.any(1).to(weight.dtype) @ weight))
+
+
+@torch.no_grad()
+def start_topk_validation(
+    net: nn.Module,
+    family: Any,
+    loader: Any,
+    device: torch.device,
+    loss_fn: Callable[..., Any] | None,
+    autocast_dtype: torch.dtype | None,
+    to_input: Callable[[torch.Tensor], torch.Tensor],
+    size: int | None,
+    graph: Any,
+    stages: Any,
+) -> dict[str, Any]:
+    """Forward (padded to `size` images when set, through `graph` when given), loss and top-k counts per batch.
+    -> top1, top5, losses, images, time_s, bad."""
+    t0 = time.perf_counter()
+    was_training = net.training
+    net.eval()
+    loss_sum = torch.zeros(len(family.loss_terms), device=device)
+    hits = torch.zeros(2, device=device)
+    batches, images, bad = 0, 0, []
+    try:
+        for batch in loader:
+            bad.extend(batch["bad"])
+            n = batch["img"].shape[0]
+            if n == 0:
+                continue
+            with stages("forward"):
+                x = to_input(batch["img"])
+                targets = batch["targets"].to(device, non_blocking=True)
+                mask = batch["mask"].to(device, non_blocking=True)
+                if size and n < size:  # one input shape for a captured graph: zero images that weigh nothing
+                    x = torch.cat((x, x.new_zeros((size - n, *x.shape[1:])))).contiguous(
+                        memory_format=torch.channels_last
+                        if x.is_contiguous(memory_format=torch.channels_last)
+                        else torch.contiguous_format
+                    )
+                    targets = torch.nn.functional.pad(targets, (0, 0, 0, 0, 0, size - n))
+                    mask = torch.nn.functional.pad(mask, (0, 0, 0, size - n))
+                imgsz = (x.shape[2], x.shape[3])
+                items = None
+                if graph is not None:
+                    logits, items = graph(x, targets, mask, imgsz)
+                else:
+                    with torch.autocast(
+                        device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
+                    ):
+                        logits = net(x)
+            with stages("loss"):
+                if loss_fn is not None:
+                    loss_sum += items if items is not None else loss_fn(logits, targets, mask, imgsz, 1.0)[1]
+                hits += topk_correct(logits.float(), targets[:, 0, 0].long(), mask[:, 0].float())
+            batches += 1
+            images += n
+        with stages("to_host"):
+            top = (hits / max(images, 1)).tolist()  # the validation's one device-to-host copy
+            losses = (loss_sum / max(batches, 1)).tolist()
+    finally:
+        net.train(was_training)
+    return {
+        "top1": top[0],
+        "top5": top[1],
+        "losses": dict(zip(family.loss_terms, losses)),
+        "images": images,
+        "time_s": time.perf_counter() - t0,
+        "bad": bad,
+    }

@@ -1,0 +1,17 @@
+"""ResNet-18: torchvision's, built with weights=None (random init, nothing downloaded)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchvision.models import resnet18
+
+
+class ResNet18(nn.Module):
+    def __init__(self, nc: int):
+        super().__init__()
+        self.nc = nc
+        self.body = resnet18(weights=None, num_classes=nc)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)

@@ -1,0 +1,73 @@
+"""`model.predict(...)` for a classifier: the validation view (short-side resize + centre crop), forward, and the
+top-k classes with their probabilities, one device-to-host copy per batch."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from libreyolo.data.augment import center_crop
+from libreyolo.distributed.device import parse_device
+from libreyolo.errors import DataError
+from libreyolo.eval.validator import to_input
+from libreyolo.predict import Predictions, UnreadableImageWarning, _read, _sources
+
+
+@dataclass
+class ClassResults:
+    """The top-k classes of one image, best first, with their softmax probabilities."""
+
+    classes: torch.Tensor  # (k,) int64
+    scores: torch.Tensor  # (k,) float32
+    names: list[str]
+    orig_shape: tuple[int, int]
+    path: str | None = None
+    image: np.ndarray | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def top1(self) -> str:
+        return self.names[int(self.classes[0])]
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [
+            {"class": int(c), "name": self.names[int(c)], "score": float(s)}
+            for c, s in zip(self.classes.tolist(), self.scores.tolist(), strict=True)
+        ]
+
+
+@torch.no_grad()
+def run_classify(model: Any, source: Any, device: str, imgsz: int, top_k: int = 5, batch: int = 32) -> Predictions:
+    """-> a `ClassResults` per readable image. An unreadable image is skipped (a warning names it,
+    `Predictions.skipped` lists it); none readable is an error."""
+    kind, gpus = parse_device(device)
+    dev = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    net = model.net.to(dev).eval()
+    items = _sources(source)
+    results = Predictions()
+    for start in range(0, len(items), batch):
+        views, metas = [], []
+        for path, arr in items[start : start + batch]:
+            img, why = (arr, "") if arr is not None else _read(path)
+            if img is None:
+                results.skipped.append((path, why))
+                warnings.warn(f"{path}: skipped, the image cannot be read ({why})", UnreadableImageWarning, 4)
+                continue
+            views.append(center_crop(img, imgsz))
+            metas.append((path, img))
+        if not views:
+            continue
+        x = to_input(torch.from_numpy(np.stack(views)), dev)
+        out = model.family.postprocess(net, net(x), (imgsz, imgsz), max_det=top_k).cpu()  # (B, k, 2)
+        for (path, img), row in zip(metas, out, strict=True):
+            results.append(ClassResults(row[:, 0].long(), row[:, 1], model.names, img.shape[:2], path, img))
+    if items and not results:
+        shown = "; ".join(f"{f}: {why}" for f, why in results.skipped[:3])
+        raise DataError(f"none of the {len(items)} images could be read: {shown}")
+    return results
