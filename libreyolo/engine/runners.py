@@ -3,7 +3,8 @@
 auto, the default, is the fastest path that applies: the whole-step graph (fullstep.py) where the family's
 capture plan allows it and the run is one CUDA process, the network graph (graphs.py) where only the
 network can be captured, eager otherwise (CPU, MPS, DDP). An explicit true/full that cannot apply falls back
-to eager with one `graph` event saying why, as before."""
+to eager with one `graph` event saying why, as before; `full` for a family that can only capture its network
+(or parts of it: RT-DETR's host-side matching) falls back to `true`, with one event naming the family's reason."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def graph_mode(setting: bool | str, family: Any, device: torch.device, world_siz
             return "full", f"cuda_graph=auto: the whole step in one graph ({family.name} supports it, one CUDA process)"
         return True, f"cuda_graph=auto: the network in a graph ({family.name} cannot capture its whole step)"
     if setting == "full" and not plan.full_step:
-        return False, f"cuda_graph=full: the {family.name} family does not support whole-step capture; training eager"
+        why = plan.why_not_full or f"the {family.name} family does not support whole-step capture"
+        return True, f"cuda_graph=full: {why}; the network in a graph instead (cuda_graph=true)"
     return setting, f"cuda_graph={asked}: " + (
         "the whole step in one graph" if setting == "full" else "the network in a graph"
     )
@@ -64,4 +66,6 @@ def select_step(
         return eager, False, reason
     if mode == "full":
         return FullGraphStep(eager, parts, cfg, emit, device), mode, reason
+    if cfg.cuda_graph == "full":  # the family's plan allows the network graph only: one line saying why
+        emit(ev.Graph(action="fallback", mode="full", reason=reason))
     return NetworkGraphStep(eager, emit, device, family.capture), mode, reason
