@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from libreyolo import keys as K
-from libreyolo.families import CapturePlan, Family, Reduce, own, register
+from libreyolo.families import CapturePlan, Family, Reduce, families, own, register
 from libreyolo.families.rtdetr.loss import RTDETRLoss
 from libreyolo.families.rtdetr.network import RTDETR, SIZES
 from libreyolo.families.rtdetr.postprocess import postprocess
@@ -63,9 +63,10 @@ def build(size: str, nc: int) -> RTDETR:
 
 def _cfg_value(cfg: Any, name: str) -> Any:
     """A config built for another family (`model.val()` builds one without the model's family) has none of
-    these keys: use their defaults then."""
+    these keys: use their defaults then. (A family registered as a variant of this one shares its keys.)"""
     key = next(k for k in KEYS if k.name == name)
-    return getattr(cfg, name) if getattr(cfg, "family", None) == NAME else key.default
+    fam = families().get(getattr(cfg, "family", None) or "")
+    return getattr(cfg, name) if fam is not None and key in fam.keys else key.default
 
 
 def train_net(net: nn.Module, cfg: Any) -> nn.Module:

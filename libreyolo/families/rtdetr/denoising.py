@@ -87,12 +87,14 @@ def build_groups(
 
 def pack_targets(
     targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """Padded targets (B, M, 5) class, x1, y1, x2, y2 in pixels with mask (B, M) -> (cls (B, G) long, boxes (B,
-    G, 4) normalised cx, cy, w, h, valid (B, G)), each image's boxes first and G the most boxes in one image.
-    Reading G is a host synchronisation: the denoising layout and the matcher both depend on it."""
+    G, 4) normalised cx, cy, w, h, valid (B, G), the box count per image), each image's boxes first and G the
+    most boxes in one image. Reading the counts is a host synchronisation (one small copy): the denoising
+    layout and the matcher both depend on them."""
     B = mask.shape[0]
-    G = int(mask.sum(1).max()) if mask.numel() else 0
+    counts = [int(c) for c in mask.sum(1).tolist()]
+    G = max(counts, default=0)
     order = torch.sort((~mask).to(torch.uint8), dim=1, stable=True).indices[:, :G]
     t = targets.gather(1, order[..., None].expand(-1, -1, 5)).float()
     valid = mask.gather(1, order) if G else mask.new_zeros(B, 0)
@@ -101,4 +103,4 @@ def pack_targets(
     xyxy = t[..., 1:5] / scale
     boxes = torch.cat(((xyxy[..., :2] + xyxy[..., 2:]) / 2, xyxy[..., 2:] - xyxy[..., :2]), -1)
     boxes = torch.where(valid[..., None], boxes, torch.full_like(boxes, 0.5))  # padding: a harmless box
-    return t[..., 0].long().clamp(min=0), boxes, valid
+    return t[..., 0].long().clamp(min=0), boxes, valid, counts

@@ -70,7 +70,7 @@ class RTDETR(nn.Module):
         feats = self.features(x)
         dn = None
         if self.training and self._targets is not None:
-            cls, boxes, valid = pack_targets(*self._targets)
+            cls, boxes, valid, _ = pack_targets(*self._targets)
             dn = build_groups(cls, boxes, valid, self.nc, self.num_denoising, self.label_noise, self.box_noise)
         self._targets = None
         return self.decoder(list(feats), dn)
