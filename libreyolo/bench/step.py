@@ -221,7 +221,16 @@ def run(argv: list[str]) -> int:
     from rich.table import Table
 
     t = Table(title=f"bench step: {cfg.model} batch {cfg.batch} imgsz {cfg.imgsz} {amp.dtype} on {meta['gpu']}")
-    cols = ("mode", "median ms", "min ms", "x eager", "captured", "kernels/step", "GPU busy (profiled)", "peak alloc GiB")
+    cols = (
+        "mode",
+        "median ms",
+        "min ms",
+        "x eager",
+        "captured",
+        "kernels/step",
+        "GPU busy (profiled)",
+        "peak alloc GiB",
+    )
     for c in cols:
         t.add_column(c, justify="right")
     for r in results:

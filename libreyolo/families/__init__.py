@@ -167,7 +167,8 @@ def get_family(name: str) -> Family:
 
 
 def parse_model_name(name: str) -> tuple[Family, str] | None:
-    """'LibreYOLO9t' -> (yolo9 family, 't'), 'LibreRTDETRr18' -> (rtdetr, 'r18'); None if the name is not a known model name."""
+    """'LibreYOLO9t' -> (yolo9 family, 't'), 'LibreRTDETRr18' -> (rtdetr, 'r18'); None if the name is not a known
+    model name."""
     _load_builtin()
     # the longest prefix first: LibreYOLOX must not be read as LibreYOLO + "x..."
     for fam in sorted(_REGISTRY.values(), key=lambda f: -len(f.prefix)):

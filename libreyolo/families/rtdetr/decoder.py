@@ -105,8 +105,11 @@ class Decoder(nn.Module):
         for mlp in (self.enc_bbox_head, *self.bbox_heads):  # refinements start at zero: boxes = references
             nn.init.zeros_(mlp.layers[-1].weight)
             nn.init.zeros_(mlp.layers[-1].bias)
-        nn.init.xavier_uniform_(self.enc_output[0].weight)
+        enc_linear = self.enc_output[0]
+        assert isinstance(enc_linear, nn.Linear)
+        nn.init.xavier_uniform_(enc_linear.weight)
         for lin in self.query_pos_head.layers:
+            assert isinstance(lin, nn.Linear)
             nn.init.xavier_uniform_(lin.weight)
 
     def forward(

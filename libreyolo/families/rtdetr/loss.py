@@ -97,10 +97,11 @@ class RTDETRLoss:
         w = w if w is not None else src.new_ones(len(src))
         src_xyxy, t_xyxy = cxcywh_to_xyxy(src), cxcywh_to_xyxy(t_boxes)
         iou = _aligned_iou(src_xyxy.detach(), t_xyxy)
+        at = (idx[0], idx[1], idx[2], t_cls)
         onehot = torch.zeros_like(logits)
-        onehot[(*idx, t_cls)] = w
+        onehot[at] = w
         score = torch.zeros_like(logits)
-        score[(*idx, t_cls)] = iou * w
+        score[at] = iou * w
         # varifocal: negatives weighted by alpha * p^gamma, positives by their IoU target
         p = logits.detach().sigmoid()
         weight = self.alpha * p.pow(self.gamma) * (1 - onehot) + score
