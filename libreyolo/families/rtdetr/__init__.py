@@ -22,20 +22,21 @@ WHY_NOT_FULL = (
 )
 
 KEYS = (
-    K.Key("num_queries", 300, K.positive(K.integer), "decoder queries (top-k encoder tokens) per image", "rtdetr"),
-    K.Key("num_denoising", 100, K.nonneg(K.integer), "denoising queries per image in training (0: none)", "rtdetr"),
-    K.Key("label_noise", 0.5, K.nonneg(K.number), "denoising: share of copies whose class is randomised x2", "rtdetr"),
-    K.Key("box_noise", 1.0, K.nonneg(K.number), "denoising: box noise scale (in half box sizes)", "rtdetr"),
-    K.Key("vfl", 1.0, K.nonneg(K.number), "varifocal classification loss gain", "rtdetr"),
-    K.Key("bbox", 5.0, K.nonneg(K.number), "L1 box loss gain (normalised cx, cy, w, h)", "rtdetr"),
-    K.Key("giou", 2.0, K.nonneg(K.number), "generalized IoU box loss gain", "rtdetr"),
-    K.Key("backbone_lr", 0.1, K.nonneg(K.number), "the backbone's learning rate as a fraction of lr0", "rtdetr"),
+    K.Key("num_queries", 300, K.positive(K.integer), "decoder queries (top-k encoder tokens) per image"),
+    K.Key("num_denoising", 100, K.nonneg(K.integer), "denoising queries per image in training (0: none)"),
+    K.Key("label_noise", 0.5, K.nonneg(K.number), "denoising: a copy's class is replaced by a random one with probability label_noise / 2"),
+    K.Key("box_noise", 1.0, K.nonneg(K.number), "denoising: box noise scale (in half box sizes)"),
+    K.Key("vfl", 1.0, K.nonneg(K.number), "varifocal classification loss gain"),
+    K.Key("bbox", 5.0, K.nonneg(K.number), "L1 box loss gain (normalised cx, cy, w, h)"),
+    K.Key("giou", 2.0, K.nonneg(K.number), "generalized IoU box loss gain"),
+    K.Key("backbone_lr", 0.1, K.nonneg(K.number), "the backbone's learning rate as a fraction of lr0"),
 )
 
-# RT-DETR's recipe where it differs from the shared defaults: AdamW at 1e-4 (backbone x0.1), weight decay 1e-4,
-# gradient norm clipped to 0.1, EMA, a linear warm-up; no mosaic, flips only (its pipeline has no HSV or mosaic
-# stage; the photometric jitter here is milder than its colour distortion), a flat LR (lrf=1 with no decay);
-# nbs=16: RT-DETR's total batch, so a smaller batch accumulates to it and a larger one steps every batch
+# RT-DETR's recipe where it differs from the shared defaults: AdamW at 1e-4 (backbone x0.1: backbone_lr), weight
+# decay 1e-4, gradient norm clipped to 0.1, EMA 0.9999 over 2000 warm-up updates, a linear LR warm-up, then a flat
+# LR (lrf=1: its 6x schedule never reaches its step). No mosaic (its pipeline has none); the shared random
+# scale/translate/flip/HSV stand in for its zoom-out, IoU crop, flip and photometric distortion. nbs=16 is its
+# total batch: a smaller batch accumulates to it, a larger one steps every batch.
 DEFAULTS: dict[str, Any] = {
     "optimizer": "AdamW",
     "lr0": 1e-4,
