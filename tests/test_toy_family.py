@@ -201,9 +201,9 @@ def test_built_in_families_keep_their_order_whatever_is_imported_first():
     import subprocess
     import sys
 
-    for first in ("libreyolo.families.yolox.network", "libreyolo.families.yolo9.network", "libreyolo.config"):
+    for first in ("libreyolo.families.rtdetr.network", "libreyolo.families.yolox.network", "libreyolo.config"):
         code = f"import {first}\nfrom libreyolo.families import families\nprint(','.join(families()))"
         out = subprocess.run(
             [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
         ).stdout
-        assert out.split()[-1] == "yolo9,yolox", (first, out)
+        assert out.split()[-1] == "yolo9,yolox,rtdetr", (first, out)
