@@ -24,7 +24,7 @@ WHY_NOT_FULL = (
 KEYS = (
     K.Key("num_queries", 300, K.positive(K.integer), "decoder queries (top-k encoder tokens) per image"),
     K.Key("num_denoising", 100, K.nonneg(K.integer), "denoising queries per image in training (0: none)"),
-    K.Key("label_noise", 0.5, K.nonneg(K.number), "denoising: a copy's class is replaced by a random one with probability label_noise / 2"),
+    K.Key("label_noise", 0.5, K.nonneg(K.number), "denoising: a copy's class is random with probability label_noise/2"),
     K.Key("box_noise", 1.0, K.nonneg(K.number), "denoising: box noise scale (in half box sizes)"),
     K.Key("vfl", 1.0, K.nonneg(K.number), "varifocal classification loss gain"),
     K.Key("bbox", 5.0, K.nonneg(K.number), "L1 box loss gain (normalised cx, cy, w, h)"),
