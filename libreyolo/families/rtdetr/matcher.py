@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 
 def cxcywh_to_xyxy(b: torch.Tensor) -> torch.Tensor:
@@ -55,6 +54,10 @@ def match_costs(
 def hungarian(cost: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, ...]:
     """cost (S, B, Q, G) with image b's ground truths in its first counts[b] columns -> (set, image, query,
     ground truth) index tensors of every matched pair, on the cost's device."""
+    # imported here: scipy.optimize costs ~0.6 s, which the registry (loaded by every CLI command and the
+    # console's form) should not pay
+    from scipy.optimize import linear_sum_assignment
+
     c = cost.cpu().numpy()  # the one device-to-host copy of the step's matching
     out: list[list[np.ndarray]] = [[], [], [], []]
     for s in range(c.shape[0]):
