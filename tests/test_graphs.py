@@ -60,7 +60,8 @@ PARTS = CapturePlan(("backbone", "encoder"), full_step=False)
         (False, CUDA, 1, WHOLE_NET, False, "cuda_graph=false"),
         (True, CUDA, 1, WHOLE_NET, True, "cuda_graph=true: the network in a graph"),
         ("full", CUDA, 1, WHOLE_NET, "full", "cuda_graph=full: the whole step"),
-        ("full", CUDA, 1, NET_ONLY, False, "does not support whole-step capture"),
+        ("full", CUDA, 1, NET_ONLY, True, "does not support whole-step capture; the network in a graph instead"),
+        ("full", CUDA, 1, PARTS, True, "the network in a graph instead"),
         (True, CPU, 1, WHOLE_NET, False, "need a CUDA device"),
     ],
 )
@@ -107,7 +108,6 @@ def test_explicit_graphs_under_ddp_with_an_old_nccl_is_a_clear_error(setting):
     [
         (CPU, 1, WHOLE_NET, True, "need a CUDA device; training eager on cpu"),
         (CUDA, 1, NO_CAPTURE, True, "family has no capture plan"),
-        (CUDA, 1, NET_ONLY, "full", "does not support whole-step capture"),
     ],
 )
 def test_unusable_explicit_cuda_graph_falls_back_with_one_event(device, world, plan, mode, needle):
@@ -356,3 +356,15 @@ def test_ddp_capacity_bound_covers_every_mosaic_batch(tiny_data):
     bound = capacity_bound(ls.labels, 1.0)
     widest = collate([ds[(i, 0, True)] for i in range(len(ds))])["targets"].shape[1]
     assert 0 < widest <= bound
+
+
+def test_full_for_a_network_only_plan_falls_back_to_the_network_graph_with_one_event():
+    fam = _Fam()
+    fam.capture = CapturePlan(("",), full_step=False, why_not_full="its matching runs on the host")
+    seen = []
+    runner, used, why = select_step(
+        object(), None, TrainConfig.from_overrides({"cuda_graph": "full"}), fam, CUDA, 1, seen.append
+    )
+    assert used is True and type(runner).__name__ == "NetworkGraphStep"
+    assert why == "cuda_graph=full: its matching runs on the host; the network in a graph instead (cuda_graph=true)"
+    assert [(e.action, e.mode, e.reason) for e in seen] == [("fallback", "full", why)]

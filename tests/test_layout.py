@@ -106,3 +106,20 @@ def test_no_module_outside_yolo9_names_its_loss_terms():
     assert pattern.search(
         (ROOT / "libreyolo/families/yolo9/__init__.py").read_text()
     )  # the pattern does match the family's own
+
+
+def test_no_module_outside_rtdetr_names_its_loss_terms():
+    # any quoted "vfl" or "giou" (a generic "bbox" alone would also match unrelated code)
+    pattern = re.compile(r"""["'](vfl|giou)["']""")
+    hits = []
+    for folder in ("libreyolo", "console"):
+        for f in (ROOT / folder).rglob("*.py"):
+            if "families/rtdetr" in f.as_posix():
+                continue
+            hits += [
+                f"{f.relative_to(ROOT)}:{n}"
+                for n, line in enumerate(f.read_text().splitlines(), 1)
+                if pattern.search(line)
+            ]
+    assert hits == []
+    assert pattern.search((ROOT / "libreyolo/families/rtdetr/__init__.py").read_text())

@@ -201,10 +201,15 @@ def test_built_in_families_keep_their_order_whatever_is_imported_first():
     import subprocess
     import sys
 
-    firsts = ("libreyolo.families.yolox.network", "libreyolo.families.classify", "libreyolo.config")
+    firsts = (
+        "libreyolo.families.rtdetr.network",
+        "libreyolo.families.yolox.network",
+        "libreyolo.families.classify",
+        "libreyolo.config",
+    )
     for first in firsts:
         code = f"import {first}\nfrom libreyolo.families import families\nprint(','.join(families()))"
         out = subprocess.run(
             [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
         ).stdout
-        assert out.split()[-1] == "yolo9,yolox,resnet,mnv4", (first, out)
+        assert out.split()[-1] == "yolo9,yolox,rtdetr,resnet,mnv4", (first, out)

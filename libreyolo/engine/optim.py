@@ -16,7 +16,8 @@ FUSED_DEVICES = ("cuda", "cpu")  # where torch's fused SGD and AdamW run
 
 def param_groups(model: nn.Module) -> list[dict[str, Any]]:
     """-> biases (pg0, no decay, warm-up from warmup_bias_lr), weights (pg1, decay), normalisation weights (pg2,
-    no decay). A group is {"params", "decay": bool, "bias": bool}; what a family's param_groups hook returns too."""
+    no decay). A group is {"params", "decay": bool, "bias": bool}; what a family's param_groups hook returns too,
+    optionally with "lr_scale" (the group's LR as a fraction of lr0; schedules scale from its initial_lr)."""
     biases, weights, norm = [], [], []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
@@ -56,7 +57,12 @@ def build_optimizer(
     """groups: the family's param_groups hook (default: param_groups above); `decay` applies to groups marked so."""
     spec = (groups or param_groups)(model)
     plain = [
-        {"params": g["params"], "weight_decay": decay if g.get("decay") else 0.0, "bias": bool(g.get("bias"))}
+        {
+            "params": g["params"],
+            "weight_decay": decay if g.get("decay") else 0.0,
+            "bias": bool(g.get("bias")),
+            "lr_scale": float(g.get("lr_scale", 1.0)),
+        }
         for g in spec
     ]
     # fused implementations (CUDA, CPU): the whole update of a group in one multi-tensor kernel, and GradScaler
@@ -79,7 +85,7 @@ def build_optimizer(
     else:
         raise ValueError(f"optimizer {name!r}: use SGD, AdamW or auto")
     for g in opt.param_groups:
-        g["initial_lr"] = lr
+        g["initial_lr"] = lr * g["lr_scale"]  # a family's group may train slower (RT-DETR's backbone: x0.1)
     return opt
 
 

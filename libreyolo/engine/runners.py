@@ -3,7 +3,8 @@
 auto, the default, is the fastest path that applies: the whole-step graph (fullstep.py) where the family's
 capture plan allows it and the run is one CUDA process, the network graph (graphs.py) where only the
 network can be captured, eager otherwise (CPU, MPS, Gloo). An explicit true/full that cannot apply falls back
-to eager with one `graph` event saying why, as before.
+to eager with one `graph` event saying why, as before; `full` for a family that can only capture its network
+(or parts of it: RT-DETR's host-side matching) falls back to `true`, with one event naming the family's reason.
 
 Under DDP over NCCL the graphs apply as in one process: the step keeps flat gradients and averages them with one
 all-reduce (distributed/context.py grad_reducer), which the whole-step graph captures and the network graph runs
@@ -70,7 +71,8 @@ def graph_mode(
             return "full", f"cuda_graph=auto: the whole step in one graph{under} ({family.name} supports it; {where})"
         return True, f"cuda_graph=auto: the network in a graph{under} ({family.name} cannot capture its whole step)"
     if setting == "full" and not plan.full_step:
-        return False, f"cuda_graph=full: the {family.name} family does not support whole-step capture; training eager"
+        why = plan.why_not_full or f"the {family.name} family does not support whole-step capture"
+        return True, f"cuda_graph=full: {why}; the network in a graph instead (cuda_graph=true)"
     return setting, f"cuda_graph={asked}: " + (
         "the whole step in one graph" if setting == "full" else "the network in a graph"
     ) + under
@@ -99,4 +101,6 @@ def select_step(
         return eager, False, reason
     if mode == "full":
         return FullGraphStep(eager, parts, cfg, emit, device, fixed_capacity), mode, reason
+    if cfg.cuda_graph == "full":  # the family's plan allows the network graph only: one line saying why
+        emit(ev.Graph(action="fallback", mode="full", reason=reason))
     return NetworkGraphStep(eager, emit, device, family.capture), mode, reason

@@ -62,6 +62,14 @@ def normalize(img: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+def feed_targets(net: nn.Module, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]) -> None:
+    """A train net whose forward needs the batch's targets (a DETR's denoising queries are noised ground truths)
+    defines set_targets(targets, mask, imgsz); it gets them just before its training forward."""
+    set_targets = getattr(getattr(net, "module", net), "set_targets", None)  # through a DDP wrapper
+    if set_targets is not None:
+        set_targets(targets, mask, imgsz)
+
+
 class EagerStep:
     def __init__(
         self,
@@ -104,6 +112,7 @@ class EagerStep:
         no_sync = getattr(self.net, "no_sync", None)
         with no_sync() if not boundary and no_sync is not None else contextlib.nullcontext():
             with phases("forward"):
+                feed_targets(self.net, targets, mask, (img.shape[1], img.shape[2]))
                 outputs = self.forward(img)
             with phases("loss"):
                 loss, items = self.loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), self.batch_scale)

@@ -28,13 +28,30 @@ class _ModuleGraph:
         # a stand-in weight of the module, passed to the autograd function so that its output requires grad
         # (and its backward runs, adding the weight gradients) even when x does not (the network input)
         self.anchor: torch.Tensor | None = None
+        self.name = ""
+        self.owner: SubmoduleGraphs | None = None
+
+
+def _run(g: _ModuleGraph, graph: torch.cuda.CUDAGraph, what: str) -> None:
+    """Replay one of the module's graphs: under a profiler label (the trace shows the captured share of the
+    forward and backward phases), and between CUDA events while `bench step` times the captured part."""
+    timings = g.owner.timings if g.owner is not None else None
+    with torch.profiler.record_function(f"captured {g.name} {what}"):
+        if timings is None:
+            graph.replay()
+            return
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        timings.append((a, b))
 
 
 class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, g: _ModuleGraph, x: torch.Tensor, anchor: torch.Tensor) -> Any:
         g.x.copy_(x)
-        g.fwd.replay()
+        _run(g, g.fwd, "forward")
         ctx.g = g
         outs = tuple(o.detach() for o in g.outs)  # the graph's static buffers, overwritten by the next replay
         return outs[0] if g.single else outs
@@ -44,7 +61,7 @@ class _Replay(torch.autograd.Function):
         g = ctx.g
         for dst, gr in zip(g.grad_outs, grads):
             dst.copy_(gr) if gr is not None else dst.zero_()
-        g.bwd.replay()
+        _run(g, g.bwd, "backward")
         return None, g.grad_x.detach() if ctx.needs_input_grad[1] else None, None
 
 
@@ -57,6 +74,8 @@ class SubmoduleGraphs:
         net: nn.Module = eager.net
         self.modules = {n: net.get_submodule(n) for n in self.names}
         self._active: dict[str, _ModuleGraph] | None = None
+        # a list while `bench step` measures the captured share: (start, end) CUDA events of every replay
+        self.timings: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
         for name, module in self.modules.items():
             module.forward = self._forward_for(name, module.forward)  # instance attribute: nn.Module.__call__ calls it
 
@@ -115,6 +134,7 @@ class SubmoduleGraphs:
             if not own:
                 raise RuntimeError(f"capture plan names {name}, which has no trainable parameters")
             g.anchor = next(iter(own.values()))
+            g.name, g.owner = name, self
             unpatched = _Unpatched(module, type(module).forward)  # its instance forward is the replaying one
             with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
                 with torch.autocast(

@@ -23,13 +23,16 @@ class EvalGraph:
         self.key: tuple | None = None
         self.error: str | None = None
         self.replays = 0
+        # a loss that synchronises with the host (a DETR's Hungarian matching) says so with `capturable = False`:
+        # the graph then holds the network only and the loss runs eagerly on its outputs
+        self.loss_in_graph = loss_fn is not None and getattr(loss_fn, "capturable", True)
 
     def invalidate(self) -> None:
         """What the loss computes changed (a family hook): capture anew at the next validation."""
         self.graph, self.key = None, None
 
     def _body(
-        self, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]
+        self, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], loss: bool = True
     ) -> tuple[Any, torch.Tensor | None]:
         # the autocast weight-cast cache must not outlive a capture: the casts are captured kernels
         with torch.autocast(
@@ -39,7 +42,7 @@ class EvalGraph:
             cache_enabled=False,
         ):
             raw = self.net(x)
-        items = self.loss_fn(raw, targets, mask, imgsz, 1.0)[1] if self.loss_fn is not None else None
+        items = self.loss_fn(raw, targets, mask, imgsz, 1.0)[1] if self.loss_fn is not None and loss else None
         return raw, items
 
     @torch.no_grad()
@@ -68,6 +71,8 @@ class EvalGraph:
         self.mask.copy_(mask)
         self.graph.replay()
         self.replays += 1
+        if self.loss_fn is not None and not self.loss_in_graph:
+            return self.raw, self.loss_fn(self.raw, targets, mask, imgsz, 1.0)[1]
         return self.raw, self.items
 
     def _capture(
@@ -77,10 +82,10 @@ class EvalGraph:
         side = torch.cuda.Stream(x.device)
         side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):
-            self._body(x, targets, mask, imgsz)
+            self._body(x, targets, mask, imgsz, self.loss_in_graph)
         torch.cuda.current_stream(x.device).wait_stream(side)
         self.x, self.targets, self.mask = x.clone(), targets.clone(), mask.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self.raw, self.items = self._body(self.x, self.targets, self.mask, imgsz)
+            self.raw, self.items = self._body(self.x, self.targets, self.mask, imgsz, self.loss_in_graph)
         self.graph, self.key = graph, key

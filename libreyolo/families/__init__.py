@@ -18,7 +18,12 @@ from torch import nn
 from libreyolo.keys import Key
 
 # the built-in families, imported on first use of the registry (each module calls register())
-_BUILTIN = ("libreyolo.families.yolo9", "libreyolo.families.yolox", "libreyolo.families.classify")
+_BUILTIN = (
+    "libreyolo.families.yolo9",
+    "libreyolo.families.yolox",
+    "libreyolo.families.rtdetr",
+    "libreyolo.families.classify",
+)
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # DDP's all-reduce of the loss normaliser
@@ -76,10 +81,12 @@ class CapturePlan:
     """What the CUDA-graph manager may capture. `modules` are dotted names inside the train net ("" is the
     whole train net): `cuda_graph=true` captures each named module's forward and backward and runs the rest
     eagerly; `full_step` means the whole step (loss, optimizer, EMA) may be captured as one graph, which
-    needs a loss with static shapes and no host synchronisation."""
+    needs a loss with static shapes and no host synchronisation. `why_not_full`: why a family whose plan names
+    modules cannot capture its whole step (`cuda_graph=full` says it when it falls back to the network graph)."""
 
     modules: tuple[str, ...] = ()
     full_step: bool = False
+    why_not_full: str = ""
 
     @property
     def whole_net(self) -> bool:
@@ -165,12 +172,12 @@ def get_family(name: str) -> Family:
 
 
 def parse_model_name(name: str) -> tuple[Family, str] | None:
-    """'LibreYOLO9t' -> (yolo9 family, 't'), 'LibreResNet18' -> (resnet family, '18'); None if the name is not a
-    known model name."""
+    """'LibreYOLO9t' -> (yolo9 family, 't'), 'LibreRTDETRr18' -> (rtdetr, 'r18'), 'LibreResNet18' -> (resnet, '18');
+    None if the name is not a known model name."""
     _load_builtin()
     # the longest prefix first: LibreYOLOX must not be read as LibreYOLO + "x..."
     for fam in sorted(_REGISTRY.values(), key=lambda f: -len(f.prefix)):
-        m = re.fullmatch(re.escape(fam.prefix) + r"([a-z0-9]+)", name, flags=re.IGNORECASE)
+        m = re.fullmatch(re.escape(fam.prefix) + r"([a-z0-9]+)", name, flags=re.IGNORECASE)  # sizes like r18, 18
         if m and m.group(1).lower() in fam.sizes:
             return fam, m.group(1).lower()
     return None

@@ -1,0 +1,76 @@
+"""The RT-DETR detector: ResNet-vd backbone + hybrid encoder (`features`, what `cuda_graph=true` captures) and
+the query-selection decoder. In training the step hands the network the batch's targets before its forward
+(`set_targets`) so that the decoder can add the denoising groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from libreyolo.families.rtdetr.backbone import ResNetVd
+from libreyolo.families.rtdetr.decoder import Decoder
+from libreyolo.families.rtdetr.denoising import build_groups, pack_targets
+from libreyolo.families.rtdetr.encoder import HybridEncoder
+
+
+@dataclass(frozen=True)
+class Spec:
+    depths: tuple[int, ...] = (2, 2, 2, 2)
+    widths: tuple[int, ...] = (64, 128, 256, 512)
+    hidden: int = 256
+    heads: int = 8
+    enc_ffn: int = 1024
+    expansion: float = 0.5  # CCFM's CSP width ratio (RT-DETR-r18: 0.5)
+    csp_depth: int = 3
+    dec_layers: int = 3
+    dec_ffn: int = 1024
+    points: int = 4
+    num_queries: int = 300
+
+
+SIZES: dict[str, Spec] = {"r18": Spec()}
+
+
+class Features(nn.Module):
+    """Backbone + encoder: one image tensor in, the three fused maps out (the captured part)."""
+
+    def __init__(self, spec: Spec):
+        super().__init__()
+        self.backbone = ResNetVd(spec.depths, spec.widths)
+        self.encoder = HybridEncoder(
+            self.backbone.out_channels, spec.hidden, spec.heads, spec.enc_ffn, spec.expansion, spec.csp_depth
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.encoder(self.backbone(x)))
+
+
+class RTDETR(nn.Module):
+    def __init__(self, size: str, nc: int, spec: Spec | None = None):
+        super().__init__()
+        spec = spec or SIZES[size]
+        self.nc, self.spec = nc, spec
+        self.features = Features(spec)
+        self.decoder = Decoder(
+            nc, spec.hidden, 3, spec.dec_layers, spec.heads, spec.dec_ffn, spec.points, spec.num_queries
+        )
+        # denoising settings (the family's keys set them for a run: train_net)
+        self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0
+        self.backbone_lr = 0.1  # the backbone's LR as a fraction of lr0 (its param groups' lr_scale)
+        self._targets: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None
+
+    def set_targets(self, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]) -> None:
+        """The next training forward's targets (B, M, 5) and mask (B, M): its denoising groups come from them.
+        Used once, then forgotten, so a forward without targets (a probe, validation) adds no groups."""
+        self._targets = (targets, mask, imgsz)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor] | tuple[torch.Tensor, torch.Tensor]:
+        feats = self.features(x)
+        dn = None
+        if self.training and self._targets is not None:
+            cls, boxes, valid, _ = pack_targets(*self._targets)
+            dn = build_groups(cls, boxes, valid, self.nc, self.num_denoising, self.label_noise, self.box_noise)
+        self._targets = None
+        return self.decoder(list(feats), dn)
