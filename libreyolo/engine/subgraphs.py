@@ -5,7 +5,8 @@ decoder with data-dependent shapes, say) runs eagerly around them, autograd join
 A captured module takes one tensor and returns a tensor or a tuple of tensors. Its graphs read the
 half-precision stand-ins of its weights (engine/flat.py) and add its weight gradients straight into the flat
 gradient buffer; the gradient for its input goes back into the eager autograd graph. Input shapes are read
-once per capture with a no-grad eval-mode forward (which leaves BatchNorm statistics untouched)."""
+once per capture with a no-grad eval-mode forward (which leaves BatchNorm statistics untouched); a module fed the
+network input itself gets no input gradient."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ class _Replay(torch.autograd.Function):
         for dst, gr in zip(g.grad_outs, grads):
             dst.copy_(gr) if gr is not None else dst.zero_()
         _run(g, g.bwd, "backward")
-        return None, g.grad_x.detach() if ctx.needs_input_grad[1] else None, None
+        return None, g.grad_x.detach() if ctx.needs_input_grad[1] and g.grad_x is not None else None, None
 
 
 class SubmoduleGraphs:
@@ -82,7 +83,7 @@ class SubmoduleGraphs:
     def _forward_for(self, name: str, original: Any) -> Any:
         def forward(x: torch.Tensor) -> Any:
             g = self._active.get(name) if self._active is not None else None
-            if g is None or x.shape != g.x.shape or x.dtype != g.x.dtype:
+            if g is None or x.shape != g.x.shape or x.dtype != g.x.dtype or (x.requires_grad and g.grad_x is None):
                 return original(x)
             return _Replay.apply(g, x, g.anchor)
 
@@ -97,13 +98,14 @@ class SubmoduleGraphs:
             self._active = None
 
     def _input_shapes(self, img: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A no-grad eval-mode forward with hooks: the input each named module receives (shape, dtype, strides)."""
+        """A no-grad eval-mode forward with hooks: the input each named module receives (shape, dtype, strides;
+        under the key "" the train net's own input, so a module fed the network input is known)."""
         seen: dict[str, torch.Tensor] = {}
+        net = self.eager.net
         hooks = [
             m.register_forward_pre_hook(lambda _m, args, n=n: seen.setdefault(n, args[0]))
-            for n, m in self.modules.items()
+            for n, m in [("", net), *self.modules.items()]
         ]
-        net = self.eager.net
         was = net.training
         try:
             net.eval()
@@ -113,7 +115,7 @@ class SubmoduleGraphs:
             net.train(was)
             for h in hooks:
                 h.remove()
-        missing = set(self.names) - set(seen)
+        missing = set(self.names) - set(seen) - {""}
         if missing:
             raise RuntimeError(f"capture plan names {sorted(missing)}, which the forward never called")
         return seen
@@ -126,9 +128,14 @@ class SubmoduleGraphs:
         out: dict[str, _ModuleGraph] = {}
         for name, module in self.modules.items():
             s = samples[name]
+            # the network input (images) never needs a gradient: capturing one would add a backward-data pass of the
+            # first layer that no training step ran, and cuDNN's autotuning of it cannot run inside a capture
+            x_grad = s is not samples[""]
             g = _ModuleGraph(
-                torch.empty_strided(s.shape, s.stride(), dtype=s.dtype, device=s.device).requires_grad_(True)
+                torch.empty_strided(s.shape, s.stride(), dtype=s.dtype, device=s.device).requires_grad_(x_grad)
             )
+            with torch.no_grad():
+                g.x.copy_(s)
             prefix = name + "."
             own = {n[len(prefix) :]: p for n, p in flat.proxies.items() if n.startswith(prefix)}
             if not own:
@@ -136,26 +143,48 @@ class SubmoduleGraphs:
             g.anchor = next(iter(own.values()))
             g.name, g.owner = name, self
             unpatched = _Unpatched(module, type(module).forward)  # its instance forward is the replaying one
+            params = {"m." + k: v for k, v in own.items()}
+            wrt = [g.x, *own.values()] if x_grad else list(own.values())
+
+            # one warm-up of exactly what is captured, on a side stream (PyTorch's rule for capture): cuDNN autotunes
+            # and lazy state initialises here, not inside the capture; its gradients are discarded and the buffers
+            # it updated (BatchNorm statistics) restored, so training sees only real steps
+            saved = [b.detach().clone() for b in module.buffers()]
+            side = torch.cuda.Stream(g.x.device)
+            side.wait_stream(torch.cuda.current_stream(g.x.device))
+            with torch.cuda.stream(side):
+                warm = self._forward(unpatched, params, g.x)
+                warm = (warm,) if isinstance(warm, torch.Tensor) else tuple(warm)
+                torch.autograd.grad(warm, wrt, [torch.zeros_like(o) for o in warm], allow_unused=True)
+                del warm
+                if saved:
+                    with torch.no_grad():
+                        torch._foreach_copy_(list(module.buffers()), saved)
+            torch.cuda.current_stream(g.x.device).wait_stream(side)
             with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
-                with torch.autocast(
-                    "cuda",
-                    dtype=e.autocast_dtype or torch.float32,
-                    enabled=e.autocast_dtype is not None,
-                    cache_enabled=False,
-                ):
-                    res = torch.func.functional_call(unpatched, {"m." + k: v for k, v in own.items()}, (g.x,))
+                res = self._forward(unpatched, params, g.x)
             g.single = isinstance(res, torch.Tensor)
             g.outs = (res,) if g.single else tuple(res)
             g.grad_outs = [torch.empty_like(o) for o in g.outs]
             with torch.cuda.graph(g.bwd, pool=pool, capture_error_mode="thread_local"):
-                grads = torch.autograd.grad(g.outs, [g.x, *own.values()], g.grad_outs, allow_unused=True)
-                g.grad_x = grads[0] if grads[0] is not None else torch.zeros_like(g.x)
-                used = [(prefix + n, gr) for n, gr in zip(own, grads[1:]) if gr is not None]
+                grads = torch.autograd.grad(g.outs, wrt, g.grad_outs, allow_unused=True)
+                if x_grad:
+                    g.grad_x = grads[0] if grads[0] is not None else torch.zeros_like(g.x)
+                    grads = grads[1:]
+                used = [(prefix + n, gr) for n, gr in zip(own, grads) if gr is not None]
                 if used:
                     flat.accumulate([n for n, _ in used], [gr for _, gr in used])
             g.outs = tuple(o.detach() for o in g.outs)
             out[name] = g
         return out
+
+    def _forward(self, unpatched: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> Any:
+        """The module's forward on the half-precision stand-ins, under the step's autocast (what is captured)."""
+        e = self.eager
+        with torch.autocast(
+            "cuda", dtype=e.autocast_dtype or torch.float32, enabled=e.autocast_dtype is not None, cache_enabled=False
+        ):
+            return torch.func.functional_call(unpatched, params, (x,))
 
 
 class _Unpatched(nn.Module):
