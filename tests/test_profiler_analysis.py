@@ -170,3 +170,17 @@ def test_a_window_inside_the_loaders_prefetch_queue_is_flagged():
     # a window that ends after the queue had to drain, or in-process loading: no caveat
     assert "understated" not in decide(headline(utilization=0.91, steps_to_verdict_end=31), meta).why
     assert "understated" not in decide(headline(utilization=0.91, steps_to_verdict_end=5), {**META, "workers": 0}).why
+
+
+def test_kernels_replayed_by_a_submodule_graph_are_counted_apart_in_their_phase():
+    """cuda_graph=true with a plan of submodules (RT-DETR's backbone + encoder): the kernels launched inside a
+    replay's host range ("captured <module> forward") are the phase's replayed GPU time; the rest ran eager."""
+    trace = synthetic_trace(steps=2, kernels=4, kernel_us=100)
+    for s in range(2):  # each step's first two kernel launches (at t+150, t+151) happen inside a replay
+        trace["traceEvents"].append(X("user_annotation", "captured features forward", s * 1000.0 + 140, 11.5))
+    t = slice_trace(trace)
+    a = analyze_trace(t, steps=2, on_cuda=True)
+    assert a["gpu_ms"]["forward"] == pytest.approx(0.4)
+    assert a["replayed_gpu_ms"] == {"forward": pytest.approx(0.2)}
+    plain = analyze_trace(slice_trace(synthetic_trace(steps=2)), steps=2, on_cuda=True)
+    assert plain["replayed_gpu_ms"] == {}

@@ -89,6 +89,7 @@ class Trace:
     copies: list[dict] = field(default_factory=list)
     runtime: list[dict] = field(default_factory=list)
     cpu_ops: list[dict] = field(default_factory=list)
+    replays: list[dict] = field(default_factory=list)  # host ranges of submodule graph replays (engine/subgraphs.py)
 
     @property
     def wall_us(self) -> float:
@@ -97,6 +98,9 @@ class Trace:
     def inside(self, ts: float) -> bool:
         i = bisect.bisect_right(self.segments, (ts, float("inf"))) - 1
         return i >= 0 and self.segments[i][0] <= ts <= self.segments[i][1]
+
+
+REPLAY_LABEL = "captured "  # engine/subgraphs.py's record_function label around each submodule graph replay
 
 
 def slice_trace(trace: dict[str, Any]) -> Trace:
@@ -117,6 +121,8 @@ def slice_trace(trace: dict[str, Any]) -> Trace:
                 t.steps.append(e)
             elif short in PHASES:
                 t.phases.append(e)
+        elif cat == "user_annotation" and name.startswith(REPLAY_LABEL):
+            t.replays.append(e)
         elif cat in KERNEL_CATS:
             t.kernels.append(e)
         elif cat in COPY_CATS:
@@ -126,6 +132,7 @@ def slice_trace(trace: dict[str, Any]) -> Trace:
         elif cat == "cpu_op":
             t.cpu_ops.append(e)
     t.phases.sort(key=lambda e: e["ts"])
+    t.replays.sort(key=lambda e: e["ts"])
     return t
 
 
@@ -144,19 +151,20 @@ class PhaseLookup:
         return None
 
 
-def kernel_phases(t: Trace) -> list[int | None]:
-    """Index into t.phases of the phase that launched each kernel (by CUDA correlation id), or None."""
+def kernel_launches(t: Trace) -> list[float | None]:
+    """The host time of each kernel's launch (its runtime call, by CUDA correlation id), or None."""
     launch_ts = {}
     for r in t.runtime:
         corr = (r.get("args") or {}).get("correlation")
         if corr is not None:
             launch_ts[corr] = float(r["ts"])
+    return [launch_ts.get((k.get("args") or {}).get("correlation")) for k in t.kernels]
+
+
+def kernel_phases(t: Trace, launches: list[float | None] | None = None) -> list[int | None]:
+    """Index into t.phases of the phase that launched each kernel (by CUDA correlation id), or None."""
     lookup = PhaseLookup(t.phases)
-    out = []
-    for k in t.kernels:
-        ts = launch_ts.get((k.get("args") or {}).get("correlation"))
-        out.append(lookup.at(ts) if ts is not None else None)
-    return out
+    return [lookup.at(ts) if ts is not None else None for ts in (launches or kernel_launches(t))]
 
 
 def nesting(ops: list[dict]) -> list[int | None]:
@@ -204,12 +212,17 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
     mallocs = sum(1 for r in t.runtime if r.get("name") in MALLOC_CALLS)
     frees = sum(1 for r in t.runtime if r.get("name") in FREE_CALLS)
     captures = sum(1 for r in t.runtime if r.get("name") in CAPTURE_CALLS)
-    owner = kernel_phases(t)
+    launches = kernel_launches(t)
+    owner = kernel_phases(t, launches)
+    replay = PhaseLookup(t.replays)
     phase_gpu_us: dict[str, float] = defaultdict(float)
+    replayed_us: dict[str, float] = defaultdict(float)  # of that, kernels a submodule graph's replay launched
     rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for k, ph in zip(t.kernels, owner):
+    for k, ph, ts in zip(t.kernels, owner, launches):
         phase = t.phases[ph]["name"][len(ANNOTATION) :] if ph is not None else "other"
         phase_gpu_us[phase] += float(k["dur"])
+        if ts is not None and replay.at(ts) is not None:
+            replayed_us[phase] += float(k["dur"])
         row = rows.setdefault((k["name"], phase), {"name": k["name"], "phase": phase, "us": 0.0, "count": 0})
         row["us"] += float(k["dur"])
         row["count"] += 1
@@ -276,6 +289,7 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
         "gpu_ms": {
             p: phase_gpu_us.get(p, 0.0) / 1000 / steps for p in (*PHASES, "other") if p in phase_gpu_us or p in PHASES
         },
+        "replayed_gpu_ms": {p: us / 1000 / steps for p, us in replayed_us.items()},
         "kernels": kernels,
         "categories": categories,
         "cpu_ops": cpu_ops[:50],

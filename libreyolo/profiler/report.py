@@ -70,12 +70,14 @@ def headline_table(p: dict[str, Any]) -> Table:
 
 
 def phases_table(p: dict[str, Any]) -> Table:
-    t = _table(
-        "phases, ms per step (host and GPU: first half; synced: second half)",
-        ["phase", "host", "GPU", "synced", "share"],
-    )
+    # a column for the GPU time of captured submodule graphs only where there were any (profiles written before
+    # it lack the field)
+    split = any(r.get("replayed_gpu_ms") for r in p["phases"])
+    cols = ["phase", "host", "GPU", *(["of it replayed"] if split else []), "synced", "share"]
+    t = _table("phases, ms per step (host and GPU: first half; synced: second half)", cols)
     for r in p["phases"]:
-        t.add_row(r["name"], _n(r["host_ms"], 2), _n(r["gpu_ms"], 2), _n(r["synced_ms"], 2), _pct(r["share"]))
+        gpu = [_n(r["gpu_ms"], 2), *([_n(r.get("replayed_gpu_ms", 0.0), 2)] if split else [])]
+        t.add_row(r["name"], _n(r["host_ms"], 2), *gpu, _n(r["synced_ms"], 2), _pct(r["share"]))
     return t
 
 

@@ -142,6 +142,9 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
             "name": p,
             "host_ms": fig["host_ms"].get(p, 0.0),
             "gpu_ms": a["gpu_ms"].get(p, 0.0),
+            # of gpu_ms, the kernels a captured submodule's graph replayed (cuda_graph=true with a plan of
+            # submodules, e.g. RT-DETR's backbone + encoder); the rest of the phase ran eager
+            "replayed_gpu_ms": a["replayed_gpu_ms"].get(p, 0.0),
             "synced_ms": synced.get(p, 0.0),
             "share": synced.get(p, 0.0) / total_synced,
         }
