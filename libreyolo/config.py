@@ -27,8 +27,8 @@ class TrainConfig:
     model: str = opt(
         "LibreYOLO9t",
         K.text,
-        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs; classifiers LibreResNet18, "
-        "LibreMNv4s: docs/families.md) or a checkpoint .pt",
+        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs, LibreRTDETRr18; classifiers "
+        "LibreResNet18, LibreMNv4s: docs/families.md) or a checkpoint .pt",
         "run",
     )
     data: str = opt(
