@@ -123,3 +123,17 @@ def test_no_module_outside_rtdetr_names_its_loss_terms():
             ]
     assert hits == []
     assert pattern.search((ROOT / "libreyolo/families/rtdetr/__init__.py").read_text())
+
+
+def test_the_family_registry_imports_neither_torchvision_nor_scipy():
+    """Every run loads the registry (model names, keys); torchvision (~2 s) and scipy are imported only by the
+    families that use them, when they build or match."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom libreyolo.families import families\nfamilies()\n"
+        "print(sorted({'torchvision', 'scipy'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300).stdout
+    assert out.split()[-1] == "[]", out

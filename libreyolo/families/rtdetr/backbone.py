@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock
 
 
 def conv_bn_relu(c1: int, c2: int, s: int) -> nn.Sequential:
@@ -23,6 +22,9 @@ def _shortcut(c1: int, c2: int, stride: int) -> nn.Module | None:
 
 class ResNetVd(nn.Module):
     def __init__(self, depths: tuple[int, ...] = (2, 2, 2, 2), widths: tuple[int, ...] = (64, 128, 256, 512)):
+        # imported here: every run imports the family registry, and importing torchvision costs it ~2 s
+        from torchvision.models.resnet import BasicBlock
+
         super().__init__()
         stem = widths[0]
         self.stem = nn.Sequential(

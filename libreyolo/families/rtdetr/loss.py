@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import generalized_box_iou_loss
 
 from libreyolo.families.rtdetr.denoising import pack_targets
 from libreyolo.families.rtdetr.matcher import cxcywh_to_xyxy, hungarian, match_costs
@@ -107,6 +106,8 @@ class RTDETRLoss:
         weight = self.alpha * p.pow(self.gamma) * (1 - onehot) + score
         vfl = F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="sum")
         l1 = ((src - t_boxes).abs().sum(-1) * w).sum()
+        from torchvision.ops import generalized_box_iou_loss  # here, not at import: see backbone.py
+
         giou = (generalized_box_iou_loss(src_xyxy, t_xyxy) * w).sum() if len(src) else src.sum()
         return torch.stack((vfl, l1, giou)) / n
 
