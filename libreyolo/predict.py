@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from libreyolo.data.augment import letterbox
 from libreyolo.data.config import IMG_EXTS
 from libreyolo.data.dataset import read_image
-from libreyolo.distributed.device import parse_device
+from libreyolo.distributed.device import first_device
 from libreyolo.errors import DataError
 from libreyolo.eval.validator import to_input, to_original
 from libreyolo.nn.nms import split_detections
@@ -100,6 +101,30 @@ def _read(path: str) -> tuple[np.ndarray | None, str]:
     return (img, "") if img is not None else (None, "OpenCV could not decode it")
 
 
+def read_batches(source: Any, batch: int, results: Predictions) -> Iterator[list[tuple[str | None, np.ndarray]]]:
+    """The source's images, read, in batches of up to `batch` (path or None, RGB array). An unreadable image is
+    skipped: a warning names it and `results.skipped` lists it; once the batches are done, no readable image at
+    all (nothing appended to `results`) is an error."""
+    items = _sources(source)
+    for start in range(0, len(items), batch):
+        ok = []
+        for path, arr in items[start : start + batch]:
+            img, why = (arr, "") if arr is not None else _read(str(path))
+            if img is None:
+                results.skipped.append((str(path), why))
+                # stacklevel: this generator, run_predict / run_classify, their no_grad wrapper, model.predict,
+                # then the caller of model.predict, whose line the warning shows
+                warnings.warn(f"{path}: skipped, the image cannot be read ({why})", UnreadableImageWarning, 5)
+                continue
+            ok.append((path, img))
+        if ok:
+            yield ok
+    if items and not results:
+        shown = "; ".join(f"{f}: {why}" for f, why in results.skipped[:3])
+        more = f" (and {len(results.skipped) - 3} more)" if len(results.skipped) > 3 else ""
+        raise DataError(f"none of the {len(items)} images could be read: {shown}{more}")
+
+
 @torch.no_grad()
 def run_predict(
     model: Any,
@@ -114,26 +139,15 @@ def run_predict(
 ) -> Predictions:
     """An unreadable image is skipped (a warning names it, `Predictions.skipped` lists it) and the others are
     predicted; only when none can be read is it an error."""
-    kind, gpus = parse_device(device)
-    dev = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    dev = first_device(device)
     net = model.net.to(dev).eval()
-    items = _sources(source)
     results = Predictions()
-    for start in range(0, len(items), batch):
+    for batch_items in read_batches(source, batch, results):
         imgs, metas = [], []
-        for path, arr in items[start : start + batch]:
-            img, why = (arr, "") if arr is not None else _read(path)
-            if img is None:
-                results.skipped.append((path, why))
-                warnings.warn(
-                    f"{path}: skipped, the image cannot be read ({why})", UnreadableImageWarning, 4
-                )  # the caller of model.predict
-                continue
+        for path, img in batch_items:
             lb, r, pad = letterbox(img, imgsz)
             imgs.append(lb)
             metas.append((path, img, r, pad))
-        if not imgs:
-            continue
         x = to_input(torch.from_numpy(np.stack(imgs)), dev)
         packed = model.family.postprocess(
             net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det, multi_label=multi_label
@@ -145,8 +159,4 @@ def run_predict(
         packed = to_original(packed, lb[:, 0], lb[:, 1:3], lb[:, 3:5]).cpu()
         for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas, strict=True):
             results.append(Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img))
-    if items and not results:
-        shown = "; ".join(f"{f}: {why}" for f, why in results.skipped[:3])
-        more = f" (and {len(results.skipped) - 3} more)" if len(results.skipped) > 3 else ""
-        raise DataError(f"none of the {len(items)} images could be read: {shown}{more}")
     return results

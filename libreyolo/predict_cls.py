@@ -3,7 +3,6 @@ top-k classes with their probabilities, one device-to-host copy per batch."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,10 +10,9 @@ import numpy as np
 import torch
 
 from libreyolo.data.augment import center_crop
-from libreyolo.distributed.device import parse_device
-from libreyolo.errors import DataError
+from libreyolo.distributed.device import first_device
 from libreyolo.eval.validator import to_input
-from libreyolo.predict import Predictions, UnreadableImageWarning, _read, _sources
+from libreyolo.predict import Predictions, read_batches
 
 
 @dataclass
@@ -46,28 +44,13 @@ class ClassResults:
 def run_classify(model: Any, source: Any, device: str, imgsz: int, top_k: int = 5, batch: int = 32) -> Predictions:
     """-> a `ClassResults` per readable image. An unreadable image is skipped (a warning names it,
     `Predictions.skipped` lists it); none readable is an error."""
-    kind, gpus = parse_device(device)
-    dev = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    dev = first_device(device)
     net = model.net.to(dev).eval()
-    items = _sources(source)
     results = Predictions()
-    for start in range(0, len(items), batch):
-        views, metas = [], []
-        for path, arr in items[start : start + batch]:
-            img, why = (arr, "") if arr is not None else _read(path)
-            if img is None:
-                results.skipped.append((path, why))
-                warnings.warn(f"{path}: skipped, the image cannot be read ({why})", UnreadableImageWarning, 4)
-                continue
-            views.append(center_crop(img, imgsz))
-            metas.append((path, img))
-        if not views:
-            continue
+    for batch_items in read_batches(source, batch, results):
+        views = [center_crop(img, imgsz) for _, img in batch_items]
         x = to_input(torch.from_numpy(np.stack(views)), dev)
         out = model.family.postprocess(net, net(x), (imgsz, imgsz), max_det=top_k).cpu()  # (B, k, 2)
-        for (path, img), row in zip(metas, out, strict=True):
+        for (path, img), row in zip(batch_items, out, strict=True):
             results.append(ClassResults(row[:, 0].long(), row[:, 1], model.names, img.shape[:2], path, img))
-    if items and not results:
-        shown = "; ".join(f"{f}: {why}" for f, why in results.skipped[:3])
-        raise DataError(f"none of the {len(items)} images could be read: {shown}")
     return results

@@ -227,10 +227,9 @@ def run(argv: list[str]) -> int:
     steps, warmup = max(kw.pop("steps", 24), 24), kw.pop("warmup", 16)
     as_json, kernels, ddp = kw.pop("json", False), kw.pop("kernels", True), kw.pop("ddp", False)
     cfg = TrainConfig.from_overrides({**DEFAULTS, **kw})
-    from libreyolo.distributed.device import parse_device
+    from libreyolo.distributed.device import first_device
 
-    kind, gpus = parse_device(cfg.device)
-    device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    device = first_device(cfg.device)
     from libreyolo.engine.state import CUDNN_BENCHMARK_MIN_STEPS, cudnn_benchmark_for
 
     # the training rule, for a run long enough that auto turns the timing on: a step as in a long run

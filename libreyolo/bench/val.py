@@ -86,14 +86,13 @@ def bench_val(
     from libreyolo.data.dataset import YOLODataset, capacity
     from libreyolo.data.labels import scan_labels
     from libreyolo.data.loader import ValLoader, cpu_count, default_workers
-    from libreyolo.distributed.device import parse_device
+    from libreyolo.distributed.device import first_device
     from libreyolo.engine.amp import resolve_amp
     from libreyolo.errors import DataError
     from libreyolo.eval.graphed import EvalGraph
     from libreyolo.eval.validator import Stages, start_validation, to_input
 
-    kind, gpus = parse_device(cfg.device)
-    device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    device = first_device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dc = load_data_config(cfg.data)

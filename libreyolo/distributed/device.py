@@ -42,6 +42,13 @@ def parse_device(spec: str) -> tuple[str, list[int]]:
     return "cuda", ids
 
 
+def first_device(spec: str) -> torch.device:
+    """The one device a single-process command (predict, val, bench) runs on: the first GPU `spec` names, or the CPU
+    / MPS it names."""
+    kind, gpus = parse_device(spec)
+    return torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+
+
 def torchrun_env() -> dict[str, int] | None:
     """RANK/LOCAL_RANK/WORLD_SIZE when started by torchrun (or our spawn launcher), else None."""
     if "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ:
