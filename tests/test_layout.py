@@ -90,19 +90,24 @@ def test_libreyolo_has_no_import_circle():
     assert circles(edges) == []
 
 
-def test_no_module_outside_yolo9_names_its_loss_terms():
-    pattern = re.compile(r"""["']box["'],\s*["']cls["'],\s*["']dfl["']""")
+def _lines_outside(folder: str, pattern: re.Pattern) -> list[str]:
+    """file:line of every line of libreyolo/ and console/ outside families/<folder> that the pattern matches."""
     hits = []
-    for folder in ("libreyolo", "console"):
-        for f in (ROOT / folder).rglob("*.py"):
-            if "families/yolo9" in f.as_posix():
+    for top in ("libreyolo", "console"):
+        for f in (ROOT / top).rglob("*.py"):
+            if f"families/{folder}" in f.as_posix():
                 continue
             hits += [
                 f"{f.relative_to(ROOT)}:{n}"
                 for n, line in enumerate(f.read_text().splitlines(), 1)
                 if pattern.search(line)
             ]
-    assert hits == []
+    return hits
+
+
+def test_no_module_outside_yolo9_names_its_loss_terms():
+    pattern = re.compile(r"""["']box["'],\s*["']cls["'],\s*["']dfl["']""")
+    assert _lines_outside("yolo9", pattern) == []
     assert pattern.search(
         (ROOT / "libreyolo/families/yolo9/__init__.py").read_text()
     )  # the pattern does match the family's own
@@ -111,17 +116,7 @@ def test_no_module_outside_yolo9_names_its_loss_terms():
 def test_no_module_outside_rtdetr_names_its_loss_terms():
     # any quoted "vfl" or "giou" (a generic "bbox" alone would also match unrelated code)
     pattern = re.compile(r"""["'](vfl|giou)["']""")
-    hits = []
-    for folder in ("libreyolo", "console"):
-        for f in (ROOT / folder).rglob("*.py"):
-            if "families/rtdetr" in f.as_posix():
-                continue
-            hits += [
-                f"{f.relative_to(ROOT)}:{n}"
-                for n, line in enumerate(f.read_text().splitlines(), 1)
-                if pattern.search(line)
-            ]
-    assert hits == []
+    assert _lines_outside("rtdetr", pattern) == []
     assert pattern.search((ROOT / "libreyolo/families/rtdetr/__init__.py").read_text())
 
 

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import repeated_shapes
+from conftest import NO_AUG, repeated_shapes
 
 from libreyolo import LibreYOLO
 from libreyolo.cli.main import main
@@ -129,10 +129,9 @@ def briefly_trained(tmp_path_factory):
     data = repeated_shapes(tmp_path_factory.mktemp("brief") / "shapes", size=64)
     root = data.parent
     m = LibreYOLO("LibreYOLO9t")
-    no_aug = dict(mosaic=0, scale=0, translate=0, fliplr=0, hsv_h=0, hsv_s=0, hsv_v=0)
     m.train(
         data=str(data), epochs=4, imgsz=64, batch=8, nbs=8, workers=0, device="cpu", warmup_epochs=0, val=False,
-        optimizer="AdamW", lr0=0.01, project=str(tmp_path_factory.mktemp("runs")), seed=0, **no_aug,
+        optimizer="AdamW", lr0=0.01, project=str(tmp_path_factory.mktemp("runs")), seed=0, **NO_AUG,
     )  # fmt: skip
     return m, data, sorted((root / "images" / "train").glob("*.jpg"))
 

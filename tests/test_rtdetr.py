@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import NO_AUG
 
 from libreyolo import LibreYOLO
 from libreyolo.config import TrainConfig
@@ -198,15 +199,7 @@ def test_tiny_variant_overfits_a_handful_of_shapes_images(overfit_data, tmp_path
         workers=0,
         device="cpu",
         warmup_epochs=0,
-        mosaic=0,
-        degrees=0,
-        shear=0,
-        scale=0,
-        translate=0,
-        fliplr=0,
-        hsv_h=0,
-        hsv_s=0,
-        hsv_v=0,
+        **NO_AUG,
         lr0=4e-3,
         backbone_lr=1.0,
         grad_clip=1.0,

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import FAST
+from conftest import FAST, NO_AUG
 
 from libreyolo import LibreYOLO
 from libreyolo.engine.checkpoint import load_checkpoint
@@ -27,13 +27,7 @@ def test_tiny_model_overfits_a_handful_of_images(overfit_data, tmp_path):
         workers=0,
         device="cpu",
         warmup_epochs=0,
-        mosaic=0,
-        scale=0,
-        translate=0,
-        fliplr=0,
-        hsv_h=0,
-        hsv_s=0,
-        hsv_v=0,
+        **NO_AUG,
         optimizer="AdamW",
         lr0=0.004,
         val=False,

@@ -7,7 +7,7 @@ import csv
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FAST
+from conftest import FAST, NO_AUG
 
 from libreyolo import LibreYOLO
 from libreyolo.config import TrainConfig
@@ -313,15 +313,7 @@ def test_nano_overfits_a_handful_of_images(overfit_data, tmp_path):
         workers=0,
         device="cpu",
         warmup_epochs=0,
-        mosaic=0,
-        degrees=0,
-        shear=0,
-        scale=0,
-        translate=0,
-        fliplr=0,
-        hsv_h=0,
-        hsv_s=0,
-        hsv_v=0,
+        **NO_AUG,
         no_aug_epochs=10,
         optimizer="SGD",
         lr0=0.3,
