@@ -40,3 +40,25 @@ def test_nbs_takes_a_positive_integer_or_auto():
     )
     with pytest.raises(ConfigError, match="nbs='-3' is not valid: nbs takes a positive integer or auto"):
         TrainConfig.from_overrides({"nbs": "-3"})
+
+
+def test_building_saving_and_loading_an_optimizer_does_not_import_dynamo():
+    """torch.optim's wrappers import torch._dynamo (seconds) on first use; the whole-step graph path calls only
+    these methods, so a run in that mode starts without it. The state still round-trips."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+from libreyolo.engine import optim
+net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+for name in ("SGD", "AdamW"):
+    opt = optim.build_optimizer(net, name, 0.01, 0.9, 5e-4, torch.device("cpu"))
+    opt.zero_grad()
+    state = opt.state_dict()
+    opt.load_state_dict(state)
+    assert len(opt.state_dict()["param_groups"]) == 3
+print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300).stdout
+    assert out.split("\n")[-2] == "no dynamo", out

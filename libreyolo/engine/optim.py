@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,27 @@ def param_groups(model: nn.Module) -> list[dict[str, Any]]:
         {"params": weights, "decay": True},
         {"params": norm, "decay": False},
     ]
+
+
+def skip_dynamo_import() -> None:
+    """Let torch.optim's bookkeeping methods run without importing torch._dynamo.
+
+    torch.optim wraps Optimizer.add_param_group, zero_grad, state_dict and load_state_dict in
+    torch._disable_dynamo, which imports torch._dynamo (and with it sympy, torch.fx's symbolic shapes and the
+    inductor's rules) the first time any of them is called, to exclude them from torch.compile: a few seconds at
+    the start of every run (docs/performance.md). Nothing here compiles an optimizer, so each wrapper is given
+    its plain function as the cached "disabled" version, the cache _disable_dynamo fills itself once dynamo is
+    loaded. Not when dynamo is loaded already (someone compiles in this process: their exclusion stays as torch
+    made it), and a torch whose wrapper is not the one recognised here is left alone. Optimizer.step is not
+    covered (it imports dynamo itself); only the eager and `true` steps call it, the whole-step graph does not."""
+    if "torch._dynamo" in sys.modules:
+        return
+    probe = torch._disable_dynamo(lambda: None)
+    for name, attr in vars(torch.optim.Optimizer).items():
+        plain = getattr(attr, "__wrapped__", None)
+        if getattr(attr, "__code__", None) is probe.__code__ and plain is not None:
+            if getattr(plain, "__dynamo_disable", None) is None:
+                setattr(plain, "__dynamo_disable", plain)
 
 
 def resolve_optimizer(cfg: Any, nc: int, iterations: int) -> tuple[str, float, float]:
@@ -68,6 +90,7 @@ def build_optimizer(
     # fused implementations (CUDA, CPU): the whole update of a group in one multi-tensor kernel, and GradScaler
     # hands them found_inf on the device instead of reading it on the host (a synchronisation per optimizer step
     # with the foreach implementations, which step() only when that read says the gradients are finite)
+    skip_dynamo_import()
     fused = device.type in FUSED_DEVICES
     kw: dict[str, Any] = {"fused": True} if fused else {"foreach": True}
     opt: torch.optim.Optimizer
