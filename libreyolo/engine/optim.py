@@ -50,8 +50,8 @@ def skip_dynamo_import() -> None:
     covered (it imports dynamo itself); only the eager and `true` steps call it, the whole-step graph does not."""
     if "torch._dynamo" in sys.modules:
         return
-    probe = torch._disable_dynamo(lambda: None)
-    for name, attr in vars(torch.optim.Optimizer).items():
+    probe = torch._disable_dynamo(lambda: None)  # type: ignore[attr-defined]
+    for attr in vars(torch.optim.Optimizer).values():
         plain = getattr(attr, "__wrapped__", None)
         if getattr(attr, "__code__", None) is probe.__code__ and plain is not None:
             if getattr(plain, "__dynamo_disable", None) is None:
