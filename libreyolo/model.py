@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from libreyolo.config import TrainConfig, resolve_multi_label
-from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic
+from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic, snapshot
 from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families import Family, get_family, model_names, parse_model_name
@@ -85,9 +85,8 @@ class LibreYOLO:
         return self.net
 
     def save(self, path: str | os.PathLike) -> Path:
-        return save_atomic(
-            model_record(self.family.name, self.size, self.names, self.net.state_dict(), self.imgsz), path
-        )
+        record = model_record(self.family.name, self.size, self.names, self.net.state_dict(), self.imgsz)
+        return save_atomic(snapshot(record).resolve(), path)
 
     # --- actions ------------------------------------------------------------------------------------
     def train(self, data: str | None = None, **kwargs: Any) -> dict[str, float]:

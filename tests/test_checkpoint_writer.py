@@ -77,3 +77,30 @@ def test_a_run_whose_checkpoint_cannot_be_written_fails_with_that_error(tiny_dat
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "failed"
     assert any(e["type"] == "error" and "No space left" in e["message"] for e in events)
     assert (tmp_path / "exp" / "weights" / "last.pt").is_file()  # the writes before the failure landed
+
+
+def test_a_snapshot_resolves_to_the_same_record_with_separate_contiguous_cpu_tensors():
+    conv = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
+    record = {
+        "model": {"w": conv, "b": torch.arange(4.0), "n": torch.tensor(7), "empty": torch.zeros(0, 2)},
+        "half": [torch.ones(2, 2, dtype=torch.float16), (torch.tensor(True), 3)],
+        "view": torch.arange(10.0)[2:8:2],
+        "meta": {"epoch": 3, "name": "x"},
+    }
+    w0 = conv.clone()
+    snap = snapshot(record)
+    conv.add_(1)  # training goes on: the snapshot keeps the values it was taken with
+    got = snap.resolve()
+    for a, b in [
+        (got["model"]["w"], w0),
+        (got["model"]["b"], torch.arange(4.0)),
+        (got["model"]["n"], torch.tensor(7)),
+        (got["half"][0], torch.ones(2, 2, dtype=torch.float16)),
+        (got["view"], torch.tensor([2.0, 4.0, 6.0])),
+    ]:
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert got["model"]["empty"].shape == (0, 2) and got["half"][1][1] == 3 and isinstance(got["half"][1], tuple)
+    assert got["meta"] == {"epoch": 3, "name": "x"}
+    tensors = [got["model"]["w"], got["model"]["b"], got["view"], got["half"][0]]
+    assert all(t.is_contiguous() and t.device.type == "cpu" for t in tensors)
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)  # no shared storage

@@ -20,7 +20,8 @@ def model_record(
     imgsz: int,
     args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The part every checkpoint has: enough to rebuild the network and run it."""
+    """The part every checkpoint has: enough to rebuild the network and run it. The weights are taken as they
+    are (snapshot() copies them off the device)."""
     from libreyolo import __version__
 
     return {
@@ -32,7 +33,7 @@ def model_record(
         "nc": len(names),
         "names": list(names),
         "imgsz": imgsz,
-        "model": {k: v.detach().cpu().clone() for k, v in weights.items()},
+        "model": dict(weights),
         "train_args": dict(args or {}),
     }
 

@@ -14,7 +14,7 @@ from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
 from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
-from libreyolo.engine.epochval import VAL_PREFETCH_STEPS, EpochValidations
+from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
 from libreyolo.engine.lossscale import start_loss_scale
 from libreyolo.engine.meters import Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
@@ -181,7 +181,7 @@ class Trainer:
         last_event = last_beat = time.perf_counter()
         i = start
         self.step_in_epoch = start
-        prefetch_at = max(nb - VAL_PREFETCH_STEPS, start)
+        val_prefetched = False
         while True:
             ph = self.phases
             t = time.perf_counter()
@@ -191,7 +191,8 @@ class Trainer:
                 break
             data_s = time.perf_counter() - t
             self._note_bad(batch["bad"])
-            if i == prefetch_at:
+            if not val_prefetched and val_prefetch_due(nb - i, thr.steady_step_ms / 1000 if thr.steps >= 2 else None):
+                val_prefetched = True
                 self.vals.prefetch(epoch)
             s.schedule(s.optimizer, cfg, epoch, epoch * nb + i, s.warmup_iters, s.momentum, nb)
             with ph("to_device"):
@@ -333,28 +334,29 @@ class Trainer:
         s = self.s
         if not s.is_main:
             return s.last_path
-        s.step.sync()
+        if which == "last":
+            s.step.sync()  # the device-side optimizer and EMA counters, which only the train state holds
         if weights is None:
             weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
         epoch, step = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
         record.update(epoch=epoch, step=step, best_fitness=self.best_fitness, metrics=self.best_metrics)
         if which == "last":
-            record["train"] = snapshot(
-                {
-                    "net": s.train_net.state_dict(),
-                    "optimizer": s.optimizer.state_dict(),
-                    "optimizer_name": s.optimizer_name,
-                    "scaler": s.scaler.state_dict(),
-                    "ema": s.ema.state_dict() if s.ema is not None else None,
-                    "rng": rng_state(),
-                    "run_dir": str(s.run_dir),
-                    "bad_files": sorted(self.bad_files),
-                }
-            )
+            record["train"] = {
+                "net": s.train_net.state_dict(),
+                "optimizer": s.optimizer.state_dict(),
+                "optimizer_name": s.optimizer_name,
+                "scaler": s.scaler.state_dict(),
+                "ema": s.ema.state_dict() if s.ema is not None else None,
+                "rng": rng_state(),
+                "run_dir": str(s.run_dir),
+                "bad_files": sorted(self.bad_files),
+            }
         path = path or (s.last_path if which == "last" else s.best_path)
         self.writer.submit(
-            record, path, lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step))
+            snapshot(record),
+            path,
+            lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step)),
         )
         self.writer.drain(wait=wait)
         return path
