@@ -237,3 +237,11 @@ def test_release_workers_stops_a_prefetched_persistent_val_loader(tiny_data):
     assert not proc.is_alive()
     assert [i for b in loader for i in b["index"].tolist()] == list(range(len(ds)))  # a new pass still works
     loader.close()
+
+
+def test_validation_workers_get_a_head_start_in_time_as_well_as_in_steps():
+    from libreyolo.engine.epochval import val_prefetch_due
+
+    assert val_prefetch_due(4, None) and not val_prefetch_due(5, None)  # step time unknown: four steps ahead
+    assert val_prefetch_due(19, 0.026) and not val_prefetch_due(20, 0.026)  # 26 ms steps: ~0.5 s ahead
+    assert val_prefetch_due(4, 0.2) and not val_prefetch_due(5, 0.2)  # slow steps: four are head start enough
