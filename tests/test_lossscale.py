@@ -79,3 +79,30 @@ def test_a_good_guess_decides_in_three_checks_and_a_bad_one_still_finds_the_limi
     calls = []
     assert largest_finite_exp(lambda e: calls.append(e) or e <= limit, guess=lambda: guess) == limit
     assert len(calls) <= most_checks, calls
+
+
+class _Amplifier(torch.nn.Module):
+    """float16 activations whose gradient (x 64 through the second layer) peaks far above the weight gradient:
+    the overflow limit is set by an activation, which the optimizer never sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((64,), 0.01))
+        self.inner = torch.nn.Identity()
+
+    def forward(self, x):
+        h = self.inner(self.w.half() * x.half())
+        return h * 64.0
+
+
+def test_activation_gradient_peaks_make_the_first_guess_exact(monkeypatch):
+    net = _Amplifier()
+    x = torch.full((4, 64), 0.01)
+    passes = []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: passes.append(1) or real_grad(*a, **k))
+    scale, exp = probe_loss_scale(net, lambda img: net(x), _loss, [net.w], torch.zeros(1, 8, 8, 3), None, None, 1.0)
+    # d loss / d h = 64 per element, d loss / d w = 64 * 0.01 * 4 = 2.56: the weight alone would say 2^14, the
+    # activation limits it to 2^9 (64 * 2^10 = 65536 > 65504)
+    assert exp == 9 and scale == 256.0
+    assert len(passes) == 3  # scale 1, the guess, the guess + 1

@@ -4,10 +4,12 @@ GradScaler starts at 2**16 and halves the scale after each optimizer step whose 
 that step. YOLO losses are summed over the batch (and multiplied by it: families/yolo9/loss.py), so their
 gradients are large: a 15-epoch run of 800 images at batch 16 lost 10-11 of its first ~12 optimizer steps
 while the scale fell from 65,536 to 32 (H200, docs/performance.md). Here, before the first step, one forward
-and two or three backward passes of the first batch (torch.autograd.grad: nothing is accumulated, the optimizer
+and (usually) three backward passes of the first batch (torch.autograd.grad: nothing is accumulated, the optimizer
 never sees them) find the largest power of two at which every float16 gradient is finite; the run starts one
-halving below it, so the first steps are not skipped. Later overflows still back the scale off and are
-counted as before. BatchNorm buffers are restored afterwards, so the probe leaves no trace in the weights."""
+halving below it, so the first steps are not skipped. The gradients' peaks at scale 1 (weights, and every
+module's float16 output) give the first guess, usually decided by the passes just above and below it. Later
+overflows still back the scale off and are counted as before. BatchNorm buffers are restored afterwards, so the
+probe leaves no trace in the weights."""
 
 from __future__ import annotations
 
@@ -71,8 +73,27 @@ def probe_loss_scale(
     stand-ins, or the parameters). Under DDP `agree` makes every rank take the same bisection path (finite on
     all ranks): SyncBatchNorm's backward is a collective, so the ranks must run the same backward passes."""
     buffers = [(b, b.clone()) for b in net.buffers()]
+    # float16 overflows first in activation gradients, which the optimizer never sees: each module's float16
+    # output records its gradient's peak during the pass at scale 1, so the first guess is usually exact
+    act_peaks: list[torch.Tensor] = []
+    recording = [True]
+
+    def record(g: torch.Tensor) -> None:
+        if recording[0]:
+            act_peaks.append(g.detach().abs().amax().float())
+
+    def on_output(_module: nn.Module, _inputs: Any, out: Any) -> None:
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype == torch.float16:
+                t.register_hook(record)
+
+    hooks = [m.register_forward_hook(on_output) for m in net.modules()]
     try:
-        outputs = forward(img)
+        try:
+            outputs = forward(img)
+        finally:
+            for h in hooks:
+                h.remove()
         loss, _ = loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), batch_scale)
 
         peak: list[float] = []
@@ -83,19 +104,23 @@ def probe_loss_scale(
                 for g in torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True)
                 if g is not None
             ]
+            recording[0] = False
             if not grads:
                 return agree(True)
             stats = torch.stack([torch.stack((torch.isfinite(g).all().float(), g.abs().amax().float())) for g in grads])
-            ok, top = stats[:, 0].min().item() > 0, stats[:, 1].max().item()  # one host read per pass
+            finite, top = stats[:, 0].min(), stats[:, 1].max()
+            if e == 0 and act_peaks:
+                top = torch.maximum(top, torch.stack(act_peaks).amax())
+            ok, top_v = torch.stack((finite, top)).tolist()  # one host read per pass
             if e == 0:
-                peak.append(top)
-            return agree(ok)
+                peak.append(top_v)
+            return agree(ok > 0)
 
         def guess() -> int:
-            """The exponent at which the largest gradient seen at scale 1 would just stay under float16's max,
-            less one (activation gradients can exceed weight gradients): agreed by every rank (the smallest)."""
+            """The exponent at which the largest gradient seen at scale 1 (weights and module outputs) would just
+            stay under float16's max: agreed by every rank (the smallest)."""
             top = peak[0] if peak else 0.0
-            e = int(math.floor(math.log2(FP16_MAX / top))) - 1 if top > 0 else MAX_EXP
+            e = int(math.floor(math.log2(FP16_MAX / top))) if top > 0 else MAX_EXP
             return int(agree_min(e))
 
         exp = largest_finite_exp(finite_at, guess=guess)
