@@ -9,7 +9,8 @@ from typing import Any
 from torch import nn
 
 from libreyolo.config import TrainConfig, resolve_multi_label
-from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic, snapshot
+from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic
+from libreyolo.engine.snapshot import snapshot
 from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families import Family, get_family, model_names, parse_model_name

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from libreyolo.engine import checkpoint
-from libreyolo.engine.checkpoint import CheckpointWriter, snapshot
+from libreyolo.engine.checkpoint import CheckpointWriter
+from libreyolo.engine.snapshot import snapshot
+from libreyolo.errors import CheckpointError
 
 
 def test_a_snapshot_written_later_holds_the_values_at_save_time(tmp_path, monkeypatch):
@@ -104,3 +106,31 @@ def test_a_snapshot_resolves_to_the_same_record_with_separate_contiguous_cpu_ten
     tensors = [got["model"]["w"], got["model"]["b"], got["view"], got["half"][0]]
     assert all(t.is_contiguous() and t.device.type == "cpu" for t in tensors)
     assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)  # no shared storage
+
+
+def test_a_packed_train_state_loads_back_as_the_plain_one(tmp_path):
+    from libreyolo.engine.checkpoint import FORMAT, load_checkpoint, save_atomic
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    opt = torch.optim.AdamW(net.parameters())
+    net(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()
+    train = {"net": net.state_dict(), "optimizer": opt.state_dict(), "rng": {"torch": torch.get_rng_state()}, "n": 3}
+    record = {"format": FORMAT, "model": net.state_dict(), "train": snapshot(train, packed=True)}
+    save_atomic(snapshot(record).resolve(), tmp_path / "last.pt")
+    raw = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert raw["train"]["packed"] and len(raw["train"]["buffers"]) == 3  # float32, int64 (BN count), uint8 (rng)
+    got = load_checkpoint(tmp_path / "last.pt")["train"]
+    assert got["n"] == 3 and torch.equal(got["rng"]["torch"], train["rng"]["torch"])
+    assert got["net"].keys() == train["net"].keys()
+    assert all(torch.equal(got["net"][k], v) for k, v in train["net"].items())
+    assert got["optimizer"]["param_groups"] == train["optimizer"]["param_groups"]
+    for i, state in train["optimizer"]["state"].items():
+        assert all(torch.equal(got["optimizer"]["state"][i][k], v) for k, v in state.items())
+    fresh = torch.optim.AdamW(net.parameters())
+    fresh.load_state_dict(got["optimizer"])  # what resume does with it
+
+    raw["train"]["buffers"] = raw["train"]["buffers"][:1]  # a damaged file: a buffer is missing
+    torch.save(raw, tmp_path / "bad.pt")
+    with pytest.raises(CheckpointError, match="bad.pt is corrupt: its train state does not unpack"):
+        load_checkpoint(tmp_path / "bad.pt")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import math
 import os
 import pickle
 import zipfile
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 
+from libreyolo.engine.snapshot import PACKED, Snapshot, unpack
 from libreyolo.errors import CheckpointError
 
 FORMAT = "libreyolo.checkpoint/v1"
@@ -38,84 +38,6 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     return path
 
 
-class _Slot:
-    """Where a device tensor sat in a snapshotted record: its packed buffer, offset, and shape."""
-
-    __slots__ = ("buffer", "offset", "shape")
-
-    def __init__(self, buffer: int, offset: int, shape: torch.Size):
-        self.buffer, self.offset, self.shape = buffer, offset, shape
-
-
-class Snapshot:
-    """A checkpoint record that training can no longer change, taken without waiting for the GPU.
-
-    A record holds hundreds of tensors (weights, EMA, optimizer state); copying each to the CPU is a synchronous
-    transfer apiece, ~0.5 s of the training thread per epoch on the H200 machine (docs/performance.md). Here
-    the tensors are packed per (device, dtype) into one buffer by a single kernel (on a GPU queued behind the
-    training steps already issued), and copied into pinned host memory without blocking; an event marks the
-    copy. resolve(), on the writer thread, waits for the event and unpacks separate, contiguous CPU tensors:
-    the same record a copy of each tensor gave."""
-
-    def __init__(self, obj: Any):
-        self._device: list[tuple[torch.Tensor, _Slot]] = []
-        self._groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        self._template = self._walk(obj)
-        self._host: list[torch.Tensor] = []
-        self._events: list[Any] = []
-        offsets = [0] * len(self._groups)
-        for b, members in enumerate(self._groups.values()):
-            parts = []
-            for i in members:
-                t, slot = self._device[i]
-                slot.buffer, slot.offset = b, offsets[b]
-                offsets[b] += t.numel()
-                parts.append(t.detach().reshape(-1))
-            packed = torch.cat(parts)
-            host = torch.empty(packed.numel(), dtype=packed.dtype, pin_memory=packed.is_cuda)
-            host.copy_(packed, non_blocking=packed.is_cuda)
-            self._host.append(host)
-            if packed.is_cuda:
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(packed.device))
-                self._events.append(event)
-        self._device = []  # the packed copies are queued: the record's own tensors are no longer needed
-
-    def _walk(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            slot = _Slot(0, 0, obj.shape)
-            self._groups.setdefault((obj.device, obj.dtype), []).append(len(self._device))
-            self._device.append((obj, slot))
-            return slot
-        if isinstance(obj, dict):
-            return {k: self._walk(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self._walk(v) for v in obj)
-        return obj
-
-    def resolve(self) -> Any:
-        """The record with every tensor on the CPU (waits for the device copies)."""
-        for event in self._events:
-            event.synchronize()
-
-        def fill(obj: Any) -> Any:
-            if isinstance(obj, _Slot):
-                n = math.prod(obj.shape)
-                return self._host[obj.buffer][obj.offset : obj.offset + n].view(obj.shape).clone()
-            if isinstance(obj, dict):
-                return {k: fill(v) for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                return type(obj)(fill(v) for v in obj)
-            return obj
-
-        return fill(self._template)
-
-
-def snapshot(obj: Any) -> Snapshot:
-    """See Snapshot: what CheckpointWriter.submit takes; resolve() gives the plain record."""
-    return Snapshot(obj)
-
-
 def _write(record: dict[str, Any] | Snapshot, path: Path) -> Path:
     return save_atomic(record.resolve() if isinstance(record, Snapshot) else record, path)
 
@@ -123,8 +45,8 @@ def _write(record: dict[str, Any] | Snapshot, path: Path) -> Path:
 class CheckpointWriter:
     """Writes checkpoints on one background thread, in the order they were asked for, so that the training
     loop does not wait for serialisation and fsync (they took 0.6-0.8 s of every epoch's last.pt +
-    best.pt in the training thread on the H200 machine). Records are snapshots (or plain CPU records). `drain()` runs in
-    the training thread: it reports the writes that finished and raises a write's error there, so a
+    best.pt in the training thread on the H200 machine). Records are snapshots (or plain CPU records).
+    `drain()` runs in the training thread: it reports the writes that finished and raises a write's error there, so a
     full disk still stops the run."""
 
     def __init__(self) -> None:
@@ -189,6 +111,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"{path} is corrupt or truncated and cannot be read ({type(e).__name__}: {e})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a libreyolo checkpoint (expected format {FORMAT!r})")
+    train = obj.get("train")
+    if isinstance(train, dict) and train.get("packed") == PACKED:
+        try:
+            obj["train"] = unpack(train)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+            why = f"{type(e).__name__}: {e}"
+            raise CheckpointError(f"{path} is corrupt: its train state does not unpack ({why})") from None
     return obj
 
 

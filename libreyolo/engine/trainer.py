@@ -13,11 +13,12 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
-from libreyolo.engine.checkpoint import CheckpointWriter, load_weights, snapshot
+from libreyolo.engine.checkpoint import CheckpointWriter, load_weights
 from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
 from libreyolo.engine.lossscale import start_loss_scale
 from libreyolo.engine.meters import Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
+from libreyolo.engine.snapshot import snapshot
 from libreyolo.engine.state import model_record, restore_rng, rng_state
 from libreyolo.engine.step import NO_PHASES
 
@@ -336,22 +337,28 @@ class Trainer:
             return s.last_path
         if which == "last":
             s.step.sync()  # the device-side optimizer and EMA counters, which only the train state holds
+        ema_is_model = weights is None and s.ema is not None
         if weights is None:
             weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
         epoch, step = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
         record.update(epoch=epoch, step=step, best_fitness=self.best_fitness, metrics=self.best_metrics)
         if which == "last":
-            record["train"] = {
-                "net": s.train_net.state_dict(),
-                "optimizer": s.optimizer.state_dict(),
-                "optimizer_name": s.optimizer_name,
-                "scaler": s.scaler.state_dict(),
-                "ema": s.ema.state_dict() if s.ema is not None else None,
-                "rng": rng_state(),
-                "run_dir": str(s.run_dir),
-                "bad_files": sorted(self.bad_files),
-            }
+            # packed (engine/snapshot.py); the EMA weights are the record's model already, stored once
+            ema = None if s.ema is None else {"updates": s.ema.updates} if ema_is_model else s.ema.state_dict()
+            record["train"] = snapshot(
+                {
+                    "net": s.train_net.state_dict(),
+                    "optimizer": s.optimizer.state_dict(),
+                    "optimizer_name": s.optimizer_name,
+                    "scaler": s.scaler.state_dict(),
+                    "ema": ema,
+                    "rng": rng_state(),
+                    "run_dir": str(s.run_dir),
+                    "bad_files": sorted(self.bad_files),
+                },
+                packed=True,
+            )
         path = path or (s.last_path if which == "last" else s.best_path)
         self.writer.submit(
             snapshot(record),
@@ -375,7 +382,7 @@ class Trainer:
         s.optimizer.load_state_dict(tr["optimizer"])
         s.scaler.load_state_dict(tr["scaler"])
         if s.ema is not None and tr["ema"] is not None:
-            s.ema.load_state_dict(tr["ema"])
+            s.ema.load_state_dict({"ema": ckpt["model"], **tr["ema"]})  # unless the train state has its own copy
         s.step.reload()  # after everything it derives from is back
         restore_rng(tr["rng"])
         self.best_fitness, self.best_metrics = ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {})
