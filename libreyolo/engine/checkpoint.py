@@ -45,9 +45,9 @@ def _write(record: dict[str, Any] | Snapshot, path: Path) -> Path:
 class CheckpointWriter:
     """Writes checkpoints on one background thread, in the order they were asked for, so that the training
     loop does not wait for serialisation and fsync (they took 0.6-0.8 s of every epoch's last.pt +
-    best.pt in the training thread on the H200 machine). Records are snapshots (or plain CPU records).
-    `drain()` runs in the training thread: it reports the writes that finished and raises a write's error there, so a
-    full disk still stops the run."""
+    best.pt in the training thread on the H200 machine). Records are snapshots (engine/snapshot.py) or plain
+    CPU records. `drain()` runs in the training thread: it reports the writes that finished and raises a write's
+    error there, so a full disk still stops the run."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
