@@ -134,3 +134,26 @@ def test_a_packed_train_state_loads_back_as_the_plain_one(tmp_path):
     torch.save(raw, tmp_path / "bad.pt")
     with pytest.raises(CheckpointError, match="bad.pt is corrupt: its train state does not unpack"):
         load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_a_large_record_is_packed_in_bounded_buffers_and_a_full_device_falls_back(monkeypatch):
+    from libreyolo.engine import snapshot as snap_mod
+
+    monkeypatch.setattr(snap_mod, "CHUNK_BYTES", 64)  # 16 float32 values per buffer
+    record = {"a": torch.arange(10.0), "b": torch.arange(10.0) + 10, "c": torch.arange(40.0).view(4, 10)}
+    record["d"] = torch.ones(3)
+    packed = snapshot(record, packed=True).resolve()
+    assert [b.numel() for b in packed["buffers"]] == [10, 10, 40, 3]  # c alone exceeds the limit: a buffer of its own
+    assert all(torch.equal(v, record[k]) for k, v in snap_mod.unpack(packed).items())
+
+    real_cat, calls = torch.cat, []
+
+    def cat_without_room(tensors, *a, **k):
+        calls.append(len(tensors))
+        if len(calls) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real_cat(tensors, *a, **k)
+
+    monkeypatch.setattr(torch, "cat", cat_without_room)
+    got = snapshot(record).resolve()
+    assert all(torch.equal(v, record[k]) for k, v in got.items()) and calls[:2] == [1, 1]  # packing failed, then copies

@@ -9,6 +9,9 @@ import torch
 
 PACKED = "libreyolo.packed/v1"  # a subtree stored as a few flat buffers and a tree of places in them
 _TENSOR = "\x00tensor"  # the key of a packed tensor's place in the tree: [buffer, offset, *shape]
+# A packed buffer's size limit: packing takes that much device memory for a moment, at an epoch's end, beside
+# what the run holds (a CUDA graph's pool included); larger records are packed in several buffers.
+CHUNK_BYTES = 64 * 2**20
 
 
 class _Slot:
@@ -25,10 +28,11 @@ class Snapshot:
 
     A record holds hundreds of tensors (weights, EMA, optimizer state); copying each to the CPU is a synchronous
     transfer apiece, ~0.5 s of the training thread per epoch on the H200 machine (docs/performance.md). Here
-    the tensors are packed per (device, dtype) into one buffer by a single kernel (on a GPU queued behind the
-    training steps already issued), and copied into pinned host memory without blocking; an event marks the
-    copy. resolve(), on the writer thread, waits for the event and unpacks separate, contiguous CPU tensors:
-    the same record a copy of each tensor gave.
+    the tensors are packed per (device, dtype) into buffers of at most CHUNK_BYTES, each by a single kernel (on a
+    GPU queued behind the training steps already issued), and copied into pinned host memory without blocking;
+    an event marks each copy. resolve(), on the writer thread, waits for the events and unpacks separate,
+    contiguous CPU tensors: the same record a copy of each tensor gave. Where the device has no room for a
+    packed buffer, its tensors are copied one by one, waiting, as before.
 
     packed=True: resolve() gives the packed form instead, {"packed", "buffers", "tree"}: the train state has
     thousands of tensors (weights, optimizer moments, step counters), which torch.save pickles one by one
@@ -43,23 +47,39 @@ class Snapshot:
         self._template = self._walk(obj)
         self._host: list[torch.Tensor] = []
         self._events: list[Any] = []
-        offsets = [0] * len(self._groups)
-        for b, members in enumerate(self._groups.values()):
-            parts = []
+        for members in self._groups.values():
+            chunk: list[int] = []
+            size = 0
             for i in members:
-                t, slot = self._device[i]
-                slot.buffer, slot.offset = b, offsets[b]
-                offsets[b] += t.numel()
-                parts.append(t.detach().reshape(-1))
-            flat = torch.cat(parts)
-            host = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=flat.is_cuda)
-            host.copy_(flat, non_blocking=flat.is_cuda)
-            self._host.append(host)
-            if flat.is_cuda:
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(flat.device))
-                self._events.append(event)
+                nbytes = self._device[i][0].numel() * self._device[i][0].element_size()
+                if chunk and size + nbytes > CHUNK_BYTES:
+                    self._pack(chunk)
+                    chunk, size = [], 0
+                chunk.append(i)
+                size += nbytes
+            self._pack(chunk)
         self._device = []  # the packed copies are queued: the record's own tensors are no longer needed
+
+    def _pack(self, members: list[int]) -> None:
+        """One buffer: these tensors (one device and dtype) packed on their device, then copied to the host."""
+        b, offset, parts = len(self._host), 0, []
+        for i in members:
+            t, slot = self._device[i]
+            slot.buffer, slot.offset = b, offset
+            offset += t.numel()
+            parts.append(t.detach().reshape(-1))
+        try:
+            flat = torch.cat(parts)
+        except torch.cuda.OutOfMemoryError:  # no room for the packed copy: each tensor to the host on its own (waits)
+            self._host.append(torch.cat([t.cpu() for t in parts]))
+            return
+        host = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=flat.is_cuda)
+        host.copy_(flat, non_blocking=flat.is_cuda)
+        self._host.append(host)
+        if flat.is_cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(flat.device))
+            self._events.append(event)
 
     def _walk(self, obj: Any) -> Any:
         if isinstance(obj, Snapshot):
