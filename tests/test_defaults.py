@@ -42,23 +42,40 @@ def test_nbs_takes_a_positive_integer_or_auto():
         TrainConfig.from_overrides({"nbs": "-3"})
 
 
-def test_building_saving_and_loading_an_optimizer_does_not_import_dynamo():
-    """torch.optim's wrappers import torch._dynamo (seconds) on first use; the whole-step graph path calls only
-    these methods, so a run in that mode starts without it. The state still round-trips."""
+def test_building_stepping_saving_and_loading_an_optimizer_does_not_import_dynamo():
+    """torch.optim's wrappers import torch._dynamo (seconds) on first use; a run's optimizer makes the same updates
+    without it: each step equals torch's own step (taken afterwards, which loads dynamo) bit for bit."""
     import subprocess
     import sys
 
     code = """
-import sys, torch
+import copy, sys, torch
 from libreyolo.engine import optim
+torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+x = torch.randn(2, 3, 8, 8)
+pairs = []
 for name in ("SGD", "AdamW"):
-    opt = optim.build_optimizer(net, name, 0.01, 0.9, 5e-4, torch.device("cpu"))
-    opt.zero_grad()
-    state = opt.state_dict()
-    opt.load_state_dict(state)
-    assert len(opt.state_dict()["param_groups"]) == 3
+    a, b, start = net, copy.deepcopy(net), copy.deepcopy(net)
+    opt_a = optim.build_optimizer(a, name, 0.01, 0.9, 5e-4, torch.device("cpu"))
+    opt_b = optim.build_optimizer(b, name, 0.01, 0.9, 5e-4, torch.device("cpu"))
+    for _ in range(2):
+        a(x).square().mean().backward()
+        opt_a.step()
+        opt_a.zero_grad()
+    state = opt_a.state_dict()
+    opt_a.load_state_dict(state)
+    pairs.append((a, b, opt_b))
+    assert not torch.equal(next(a.parameters()), next(start.parameters()))  # the steps did update
+    net = copy.deepcopy(net)
 print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
+for a, b, opt_b in pairs:
+    for _ in range(2):
+        b(x).square().mean().backward()
+        type(opt_b).step(opt_b)  # torch's wrapped step
+        opt_b.zero_grad()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+print("same updates")
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300).stdout
-    assert out.split("\n")[-2] == "no dynamo", out
+    assert out.split("\n")[-3:-1] == ["no dynamo", "same updates"], out

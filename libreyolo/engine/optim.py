@@ -46,8 +46,8 @@ def skip_dynamo_import() -> None:
     the start of every run (docs/performance.md). Nothing here compiles an optimizer, so each wrapper is given
     its plain function as the cached "disabled" version, the cache _disable_dynamo fills itself once dynamo is
     loaded. Not when dynamo is loaded already (someone compiles in this process: their exclusion stays as torch
-    made it), and a torch whose wrapper is not the one recognised here is left alone. Optimizer.step is not
-    covered (it imports dynamo itself); only the eager and `true` steps call it, the whole-step graph does not."""
+    made it), and a torch whose wrapper is not the one recognised here is left alone. Optimizer.step imports
+    dynamo itself: plain_step() below."""
     if "torch._dynamo" in sys.modules:
         return
     probe = torch._disable_dynamo(lambda: None)  # type: ignore[attr-defined]
@@ -56,6 +56,29 @@ def skip_dynamo_import() -> None:
         if getattr(attr, "__code__", None) is probe.__code__ and plain is not None:
             if getattr(plain, "__dynamo_disable", None) is None:
                 setattr(plain, "__dynamo_disable", plain)
+
+
+def plain_step(opt: torch.optim.Optimizer) -> None:
+    """Give this optimizer a step() without the two wrappers torch.optim puts around its update: the profiler
+    hook (a record_function and the step hooks, of which none is registered here) and _use_grad, which imports
+    torch._dynamo on its first call, to mark graph breaks for torch.compile, and turns gradients off. The
+    replacement turns gradients off itself; GradScaler and the eager and `true` steps call it as before. Not
+    for a differentiable optimizer, not once dynamo is loaded, and not where the wrappers are not the ones
+    recognised here (another torch): those keep torch's step."""
+    if "torch._dynamo" in sys.modules or opt.defaults.get("differentiable"):
+        return
+    hooked = type(opt).step
+    use_grad = getattr(hooked, "__wrapped__", None)
+    update = getattr(use_grad, "__wrapped__", None)
+    names = (getattr(hooked, "__code__", None), getattr(use_grad, "__code__", None))
+    if update is None or [getattr(c, "co_name", None) for c in names] != ["wrapper", "_use_grad"]:
+        return
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return update(opt, *args, **kwargs)
+
+    opt.step = step  # type: ignore[method-assign]
 
 
 def resolve_optimizer(cfg: Any, nc: int, iterations: int) -> tuple[str, float, float]:
@@ -109,6 +132,7 @@ def build_optimizer(
         raise ValueError(f"optimizer {name!r}: use SGD, AdamW or auto")
     for g in opt.param_groups:
         g["initial_lr"] = lr * g["lr_scale"]  # a family's group may train slower (RT-DETR's backbone: x0.1)
+    plain_step(opt)
     return opt
 
 
