@@ -15,6 +15,35 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def step_batches(cfg, n, device):
+    """n different real training batches of the run cfg describes (its built-in dataset and augmentation), one per
+    seed 0..n-1, on the device: fixed across runs. -> (batches, nc)."""
+    from libreyolo.bench.step import _batch_on_device
+    from libreyolo.config import TrainConfig
+
+    out = []
+    for k in range(n):
+        data, nc = _batch_on_device(TrainConfig.from_overrides({**cfg.to_dict(), "seed": k}), cfg.batch, device)
+        out.append(data)
+    return out, nc
+
+
+def step_trajectory(mode, cfg, batches, nc, device, events=None):
+    """The losses of the step runner for `mode` (bench step's make_runner) over the batches, an optimizer step at
+    each accumulation boundary. -> (losses (steps, terms), parts, runner)."""
+    import torch
+
+    from libreyolo.bench.step import make_runner
+
+    step, parts = make_runner(cfg, device, nc, mode, (events.append if events is not None else None))
+    losses = []
+    for i, b in enumerate(batches):
+        items = step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0)
+        losses.append(items.clone())
+    torch.cuda.synchronize()
+    return torch.stack(losses), parts, step
+
+
 def run_start_event(**changes):
     """A valid run_start of a small CPU LibreYOLO9t run; tests pass only the fields their case is about."""
     from libreyolo import events as ev

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
+from conftest import step_batches, step_trajectory
 
-from libreyolo.bench.step import _batch_on_device, make_runner
 from libreyolo.config import TrainConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -15,29 +15,16 @@ def _cfg(model: str, **kw):
     return TrainConfig.from_overrides({**base, "optimizer": "SGD", "lr0": 0.01, **kw})
 
 
-def _trajectory(mode, cfg, batches, nc, events=None):
-    step, parts = make_runner(cfg, DEV, nc, mode, (events.append if events is not None else None))
-    losses = []
-    for i, b in enumerate(batches):
-        items = step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0)
-        losses.append(items.clone())
-    torch.cuda.synchronize()
-    return torch.stack(losses), step
-
-
 @pytest.mark.parametrize("model", ["LibreResNet18", "LibreMNv4s"])
 def test_full_step_capture_of_a_classifier_tracks_eager(model):
     """The whole step (forward, cross-entropy, backward, optimizer, EMA) as one graph: captured, never given up,
     and its losses follow the eager ones over 24 steps of real random-resized-crop batches."""
     cfg = _cfg(model)
-    batches = []
-    for k in range(24):
-        data, nc = _batch_on_device(TrainConfig.from_overrides({**cfg.to_dict(), "seed": k}), cfg.batch, DEV)
-        batches.append(data)
+    batches, nc = step_batches(cfg, 24, DEV)
     assert int(batches[0]["mask"][:, 0].sum()) == cfg.batch  # every image carries its class at targets[:, 0, 0]
-    eager, _ = _trajectory("eager", cfg, batches, nc)
+    eager, _, _ = step_trajectory("eager", cfg, batches, nc, DEV)
     events = []
-    full, runner = _trajectory("full", cfg, batches, nc, events)
+    full, _, runner = step_trajectory("full", cfg, batches, nc, DEV, events)
     assert any(e.action == "capture" for e in events), [e.reason for e in events]
     assert not runner.disabled
     assert torch.isfinite(eager).all() and eager[-1] < eager[0]  # it learns

@@ -4,8 +4,9 @@ import os
 
 import pytest
 import torch
+from conftest import step_batches, step_trajectory
 
-from libreyolo.bench.step import _batch_on_device, make_runner
+from libreyolo.bench.step import make_runner
 from libreyolo.config import TrainConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -47,22 +48,11 @@ def _cfg(**kw):
 
 def _batches(cfg, n):
     """n different real batches (mosaic, built-in dataset), fixed across runs."""
-    out = []
-    for k in range(n):
-        c = TrainConfig.from_overrides({**cfg.to_dict(), "seed": k})
-        data, nc = _batch_on_device(c, cfg.batch, DEV)
-        out.append(data)
-    return out, nc
+    return step_batches(cfg, n, DEV)
 
 
 def _trajectory(mode, cfg, batches, nc, events=None):
-    step, parts = make_runner(cfg, DEV, nc, mode, (events.append if events is not None else None))
-    losses = []
-    for i, b in enumerate(batches):
-        items = step(b["img"], b["targets"], b["mask"], (i + 1) % parts.accumulate == 0)
-        losses.append(items.clone())
-    torch.cuda.synchronize()
-    return torch.stack(losses), parts, step
+    return step_trajectory(mode, cfg, batches, nc, DEV, events)
 
 
 def test_network_graph_reproduces_eager_bitwise_under_amp_with_accumulation():
