@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,6 +13,22 @@ _TENSOR = "\x00tensor"  # the key of a packed tensor's place in the tree: [buffe
 # A packed buffer's size limit: packing takes that much device memory for a moment, at an epoch's end, beside
 # what the run holds (a CUDA graph's pool included); larger records are packed in several buffers.
 CHUNK_BYTES = 64 * 2**20
+
+
+_DESCEND = object()  # a leaf function's answer: not a leaf, map into it
+
+
+def _map(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """obj rebuilt: each value leaf() answers for replaced by its answer, dicts, lists and tuples (of the same type)
+    mapped into otherwise, anything else kept."""
+    got = leaf(obj)
+    if got is not _DESCEND:
+        return got
+    if isinstance(obj, dict):
+        return {k: _map(v, leaf) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(v, leaf) for v in obj)
+    return obj
 
 
 class _Slot:
@@ -44,7 +61,7 @@ class Snapshot:
         self.packed = packed
         self._device: list[tuple[torch.Tensor, _Slot]] = []
         self._groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        self._template = self._walk(obj)
+        self._template = _map(obj, self._leaf)
         self._host: list[torch.Tensor] = []
         self._events: list[Any] = []
         for members in self._groups.values():
@@ -81,7 +98,8 @@ class Snapshot:
             event.record(torch.cuda.current_stream(flat.device))
             self._events.append(event)
 
-    def _walk(self, obj: Any) -> Any:
+    def _leaf(self, obj: Any) -> Any:
+        """_map's leaf for the walk: a tensor becomes its slot (filled in by _pack); a nested Snapshot stays."""
         if isinstance(obj, Snapshot):
             return obj
         if isinstance(obj, torch.Tensor):
@@ -89,11 +107,7 @@ class Snapshot:
             self._groups.setdefault((obj.device, obj.dtype), []).append(len(self._device))
             self._device.append((obj, slot))
             return slot
-        if isinstance(obj, dict):
-            return {k: self._walk(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self._walk(v) for v in obj)
-        return obj
+        return _DESCEND
 
     def resolve(self) -> Any:
         """The record with every tensor on the CPU (waits for the device copies), or its packed form."""
@@ -108,13 +122,9 @@ class Snapshot:
                 return self._host[obj.buffer][obj.offset : obj.offset + n].view(obj.shape).clone()
             if isinstance(obj, Snapshot):
                 return obj.resolve()
-            if isinstance(obj, dict):
-                return {k: fill(v) for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                return type(obj)(fill(v) for v in obj)
-            return obj
+            return _DESCEND
 
-        tree = fill(self._template)
+        tree = _map(self._template, fill)
         return {"packed": PACKED, "buffers": list(self._host), "tree": tree} if self.packed else tree
 
 
@@ -128,13 +138,9 @@ def unpack(packed: dict[str, Any]) -> Any:
     buffers = packed["buffers"]
 
     def fill(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            if _TENSOR in obj:
-                b, offset, *shape = obj[_TENSOR]
-                return buffers[b][offset : offset + math.prod(shape)].view(shape).clone()
-            return {k: fill(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(fill(v) for v in obj)
-        return obj
+        if isinstance(obj, dict) and _TENSOR in obj:
+            b, offset, *shape = obj[_TENSOR]
+            return buffers[b][offset : offset + math.prod(shape)].view(shape).clone()
+        return _DESCEND
 
-    return fill(packed["tree"])
+    return _map(packed["tree"], fill)
