@@ -78,6 +78,9 @@ def _fill_form(tmux: Tmux, name: str, data, epochs: int) -> None:
         )
 
 
+EPOCHS = 60
+
+
 def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tmp_path):
     env = {**os.environ, "LIBREYOLO_CONSOLE_CONFIG": str(tmp_path / "console.yaml"), "TERM": "xterm-256color"}
     env.pop("TMUX", None)
@@ -92,7 +95,9 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
         tmux.keys("first", "Tab")
         tmux.keys("first", "Tab")
         tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
-        _fill_form(tmux, "first", tiny_data, epochs=5)
+        # enough epochs that the run is still going through the drop and the re-attach: an epoch of the tiny
+        # set takes about a second on the CPU machine, so a short run could end before the checks below
+        _fill_form(tmux, "first", tiny_data, epochs=EPOCHS)
         tmux.keys("first", "C-s")
         screen = tmux.wait(
             "first",
@@ -100,7 +105,8 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
             "the run view with a first step",
             120,
         )
-        assert re.search(r"epochs done [01]/5", screen), screen
+        done = int(re.search(rf"epochs done (\d+)/{EPOCHS}", screen).group(1))
+        assert done < EPOCHS // 2, screen
         run_dir = next(p for p in project.iterdir() if p.is_dir())
         rec = read_record(run_dir)
         console_pid = int(tmux("list-panes", "-t", "first", "-F", "#{pane_pid}").split()[0])
@@ -114,11 +120,11 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
 
         tmux.start("second", [*console, "attach", str(run_dir)])
         first = tmux.wait("second", lambda s: "live pid" in s and "step" in s, "the re-attached live run")
-        before = re.search(r"epochs done \d+/5  step \d+/\d+", first).group(0)
+        before = re.search(rf"epochs done \d+/{EPOCHS}  step \d+/\d+", first).group(0)
         after = tmux.wait(
             "second",
             lambda s: (
-                (m := re.search(r"epochs done \d+/5  step \d+/\d+", s)) is not None
+                (m := re.search(rf"epochs done \d+/{EPOCHS}  step \d+/\d+", s)) is not None
                 and m.group(0) != before
                 or "finished" in s
             ),
@@ -156,7 +162,7 @@ def test_two_live_runs_outlive_the_console_and_each_reattaches_from_the_list(tin
             tmux.keys("first", "Tab")
             tmux.keys("first", "Tab")
             tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
-            _fill_form(tmux, "first", tiny_data, epochs=20)  # long enough to outlive the rest of the test
+            _fill_form(tmux, "first", tiny_data, epochs=EPOCHS)  # long enough to outlive the rest of the test
             tmux.keys("first", "C-s")
             tmux.wait(
                 "first",
