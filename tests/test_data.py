@@ -93,6 +93,24 @@ def test_workers_0_and_2_give_identical_batches(tiny_data):
         assert torch.equal(x["img"], y["img"]) and torch.equal(x["targets"], y["targets"])
 
 
+def test_a_pass_over_several_epochs_gives_each_epochs_own_batches(tiny_data):
+    """One loader pass spanning epochs (the trainer's, so workers never idle between epochs) yields exactly the
+    batches of one pass per epoch, in order, the first epoch from its resume step."""
+    ds = _dataset(tiny_data)
+    dl = train_loader(ds, 4, 2, seed=0, pin=False)
+    per_epoch = []
+    for epoch, mosaic, start in ((2, True, 1), (3, True, 0), (4, False, 0)):
+        dl.batch_sampler.set_epoch(epoch, mosaic, start)
+        per_epoch += list(dl)
+    dl.batch_sampler.set_span([(2, True), (3, True), (4, False)], start=1)
+    assert len(dl) == 3 * 4 - 1  # 16 images, batch 4
+    spanned = list(dl)
+    assert len(spanned) == len(per_epoch) == 11
+    for x, y in zip(spanned, per_epoch):
+        assert torch.equal(x["index"], y["index"]) and torch.equal(x["img"], y["img"])
+    assert not torch.equal(spanned[2]["img"], spanned[5]["img"])  # epochs differ: not one epoch repeated
+
+
 def test_unreadable_image_at_load_time_is_replaced_and_reported(tiny_data, tmp_path):
     import shutil
 

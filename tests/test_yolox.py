@@ -333,11 +333,22 @@ def test_nano_overfits_a_handful_of_images(overfit_data, tmp_path):
     assert all(len(r) >= 1 for r in res)
 
 
-def test_l1_term_turns_on_when_mosaic_closes(tiny_data, tmp_path):
+def test_l1_term_turns_on_when_mosaic_closes(tiny_data, tmp_path, monkeypatch):
+    from libreyolo.data.loader import TrainBatchSampler
+
+    spans, real_set_span = [], TrainBatchSampler.set_span
+
+    def recording_set_span(self, epochs, start=0):
+        spans.append(list(epochs))
+        real_set_span(self, epochs, start)
+
+    monkeypatch.setattr(TrainBatchSampler, "set_span", recording_set_span)
     m = LibreYOLO("LibreYOLOXn")
     m.train(
         **{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 2, "no_aug_epochs": 1, "mosaic": 1.0}
     )
+    # the loader's pass ends where the hook may change the data; a new one starts after it ran
+    assert spans == [[(0, True)], [(1, False)]]
     events = list(read_events(m.last_run / "events.jsonl"))
     for e in events:
         validate_event(e)

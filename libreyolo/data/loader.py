@@ -38,30 +38,43 @@ def prefetch_factor(workers: int) -> int | None:
 class TrainBatchSampler(Sampler[list]):
     """Shuffles per epoch (seed + epoch) and shards across ranks through torch's DistributedSampler.
 
-    It runs in the main process, so changing epoch/mosaic/start here reaches persistent workers through
-    the keys it yields; `start` skips batches already trained when resuming mid-epoch."""
+    It runs in the main process, so what is set here reaches persistent workers through the keys it yields.
+    One pass may span several epochs (set_span): the workers then go on decoding the next epoch's batches while
+    the trainer validates and checkpoints, instead of idling between passes and making the next epoch's first
+    step wait for a whole batch. `start` skips batches of the first epoch already trained when resuming."""
 
     def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True):
         self.batch_size = batch_size
         self.sampler = DistributedSampler(
             range(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=False
         )
-        self.epoch, self.mosaic, self.start = 0, True, 0
+        self.epochs: list[tuple[int, bool]] = [(0, True)]  # (epoch, mosaic) of each epoch of the next pass
+        self.start = 0
 
     def set_epoch(self, epoch: int, mosaic: bool, start: int = 0) -> None:
-        self.epoch, self.mosaic, self.start = epoch, mosaic, start
+        """The next pass is this one epoch."""
+        self.set_span([(epoch, mosaic)], start)
+
+    def set_span(self, epochs: list[tuple[int, bool]], start: int = 0) -> None:
+        """The next pass runs these (epoch, mosaic) in order, the first from batch `start`."""
+        if not epochs:
+            raise ValueError("a pass needs at least one epoch")
+        self.epochs, self.start = list(epochs), start
 
     def batches_per_epoch(self) -> int:
         return math.ceil(self.sampler.num_samples / self.batch_size)
 
     def __len__(self) -> int:
-        return self.batches_per_epoch() - self.start
+        return self.batches_per_epoch() * len(self.epochs) - self.start
 
     def __iter__(self) -> Iterator[list]:
-        self.sampler.set_epoch(self.epoch)
-        idx = list(self.sampler)
-        for b in range(self.start, self.batches_per_epoch()):
-            yield [(i, self.epoch, self.mosaic) for i in idx[b * self.batch_size : (b + 1) * self.batch_size]]
+        start = self.start
+        for epoch, mosaic in self.epochs:
+            self.sampler.set_epoch(epoch)
+            idx = list(self.sampler)
+            for b in range(start, self.batches_per_epoch()):
+                yield [(i, epoch, mosaic) for i in idx[b * self.batch_size : (b + 1) * self.batch_size]]
+            start = 0
 
 
 def _worker_init(_: int) -> None:

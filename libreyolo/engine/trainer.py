@@ -127,14 +127,14 @@ class Trainer:
 
     def _epochs(self) -> str:
         s, cfg = self.s, self.cfg
-        opened = None
+        it, until = None, s.start_epoch
         for epoch in range(s.start_epoch, cfg.epochs):
             self.epoch = epoch
-            start = s.start_step if epoch == s.start_epoch else 0
-            self._train_epoch(epoch, opened or self._open_epoch(epoch, start))
+            if epoch == until:
+                it, until = self._open_pass(epoch, s.start_step if epoch == s.start_epoch else 0)
+            self._train_epoch(epoch, it)
             if self.stop_requested:
                 return self.stop_requested
-            opened = self._prefetch(epoch + 1)
             self._end_epoch(epoch)
             self.epochs_done = epoch + 1
             if self.stop_requested:  # early stopping, decided when a validation landed
@@ -152,26 +152,22 @@ class Trainer:
         due = epoch == close or (epoch == self.s.start_epoch and epoch > close)
         return due and "on_mosaic_close" in self.s.family.hooks
 
-    def _open_epoch(self, epoch: int, start: int) -> tuple[int, Any]:
-        """Point the sampler at the epoch and start its iterator: persistent workers begin decoding at once."""
+    def _open_pass(self, epoch: int, start: int) -> tuple[Any, int]:
+        """Start one loader pass over this and the following epochs, up to the run's end or the next epoch at
+        which a family hook may change the data: the workers decode the next epoch's batches while this one
+        validates and checkpoints (data/loader.TrainBatchSampler). Batches depend only on (seed, epoch, index),
+        never on when or in which pass they are made, so a resumed run gets the same ones. -> (iterator, the
+        epoch it ends before)."""
         if self._mosaic_closes(epoch):
             self.s.family.hooks["on_mosaic_close"](self)
             self.vals.invalidate()  # the hook may change what the (validation) loss computes
-        self.s.sampler.set_epoch(epoch, self._mosaic(epoch), start)
-        return start, iter(self.s.train_loader)
+        until = next((e for e in range(epoch + 1, self.cfg.epochs) if self._mosaic_closes(e)), self.cfg.epochs)
+        self.s.sampler.set_span([(e, self._mosaic(e)) for e in range(epoch, until)], start)
+        return iter(self.s.train_loader), until
 
-    def _prefetch(self, epoch: int) -> tuple[int, Any] | None:
-        """Open the next epoch before validating this one, so the train workers fill their queues while the
-        GPU validates instead of the next epoch starting on an empty queue. Batches depend only on (seed,
-        epoch, index), never on when they are made; a persistent iterator draws no random numbers when
-        reopened. Not when there is no next epoch, no worker, or a family hook is due to change the data."""
-        if epoch >= self.cfg.epochs or self.s.train_loader.num_workers == 0 or self._mosaic_closes(epoch):
-            return None
-        return self._open_epoch(epoch, 0)
-
-    def _train_epoch(self, epoch: int, opened: tuple[int, Any]) -> None:
+    def _train_epoch(self, epoch: int, it: Any) -> None:
         s, cfg = self.s, self.cfg
-        start, it = opened
+        start = s.start_step if epoch == s.start_epoch else 0
         mosaic = self._mosaic(epoch)
         nb = s.sampler.batches_per_epoch()
         self.emit(ev.EpochStart(epoch=epoch, epochs=cfg.epochs, steps=nb, mosaic=mosaic))
@@ -183,13 +179,11 @@ class Trainer:
         i = start
         self.step_in_epoch = start
         val_prefetched = False
-        while True:
+        while i < nb:  # the pass may go on into the next epochs
             ph = self.phases
             t = time.perf_counter()
             with ph("data"):
-                batch = next(it, None)
-            if batch is None:
-                break
+                batch = next(it)
             data_s = time.perf_counter() - t
             self._note_bad(batch["bad"])
             if not val_prefetched and val_prefetch_due(nb - i, thr.steady_step_ms / 1000 if thr.steps >= 2 else None):

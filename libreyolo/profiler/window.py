@@ -104,17 +104,6 @@ class _Phase:
         return False
 
 
-class _NullPhase:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return False
-
-
-_NULL = _NullPhase()
-
-
 class Recorder:
     """What `trainer.phases` is during the measured halves."""
 
@@ -122,10 +111,6 @@ class Recorder:
         self.window = window
 
     def __call__(self, name: str) -> Any:
-        if name == "data" and self.window.skip_next_data:
-            # after an epoch's last step the loop asks the exhausted iterator once more: that is not a step
-            self.window.skip_next_data = False
-            return _NULL
         return _Phase(self.window, name)
 
 
@@ -144,7 +129,6 @@ class Window:
         self.prof: profile | None = None
         self.current: dict[str, float] = {}
         self.step_open = False
-        self.skip_next_data = False
         self.epoch_end_work = False  # an epoch ended inside the window: its end work is settled before the next step
         self._t_step = 0.0
         self._rf_step: Any = None
@@ -248,9 +232,8 @@ class Window:
                 self.state = DONE
                 self.detach()
                 self.on_done(self)
-        # only while the recorder is in place: an epoch that ends in the warmup must not eat the first measured step
-        self.skip_next_data = epoch_end and self.state in (UNSYNC, SYNC)
-        self.epoch_end_work = self.skip_next_data
+        # only while the recorder is in place: an epoch that ends in the warmup leaves nothing to settle
+        self.epoch_end_work = epoch_end and self.state in (UNSYNC, SYNC)
 
     def _capture_count(self) -> int:
         """CUDA graphs the step runner has captured so far (the eager step never captures)."""
