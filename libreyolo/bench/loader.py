@@ -200,32 +200,22 @@ def _time_loader(
     ds: Any, batch: int, workers: int, batches: int, warmup: int, mosaic: bool, seed: int, pin: bool
 ) -> tuple[float, float, float]:
     """-> images/s, ms per batch and CPU ms per image over `batches` batches after `warmup`; epochs roll
-    over as in training."""
+    over within one pass, as in training."""
     from libreyolo.data.loader import train_loader
 
     dl = train_loader(ds, batch, workers, seed, pin)
     sampler = dl.batch_sampler
-    epoch = 0
-    sampler.set_epoch(epoch, mosaic)
+    # one pass over as many epochs as the batches need, as training makes it (no pause between epochs)
+    epochs = -(-(warmup + batches) // sampler.batches_per_epoch())
+    sampler.set_span([(e, mosaic) for e in range(epochs)])
     it = iter(dl)
-
-    def next_batch() -> dict[str, Any]:
-        nonlocal it, epoch
-        b = next(it, None)
-        if b is None:  # persistent workers carry on into the next epoch, as in training
-            epoch += 1
-            sampler.set_epoch(epoch, mosaic)
-            it = iter(dl)  # noqa: F821  (dl is deleted only after the last call)
-            b = next(it)
-        return b
-
     for _ in range(warmup):
-        next_batch()
+        next(it)
     n = 0
     cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     for _ in range(batches):
-        n += len(next_batch()["img"])
+        n += len(next(it)["img"])
     elapsed = time.perf_counter() - t0
     cpu = sum(v - cpu0[pid] for pid, v in _cpu_seconds().items() if pid in cpu0)
     del it, dl  # shuts the workers down before the next row starts its own
