@@ -42,7 +42,7 @@ def instrument(records: list[tuple[str, float, float, str]]) -> None:
 
     T, EV = trainer.Trainer, epochval.EpochValidations
     for owner, name in [
-        (T, "_prefetch"), (T, "_end_epoch"), (T, "save"), (T, "_step_event"), (T, "_open_epoch"),
+        (T, "_open_pass"), (T, "_end_epoch"), (T, "save"), (T, "_step_event"),
         (T, "_start_loss_scale"), (EV, "start"), (EV, "settle"), (EV, "prefetch"), (epochval, "start_validation"),
         (checkpoint, "save_atomic"), (trainer, "snapshot"), (meters.LossMeter, "final"),
         (checkpoint.CheckpointWriter, "drain"), (graphs.GraphRunner, "__call__"),
@@ -50,16 +50,16 @@ def instrument(records: list[tuple[str, float, float, str]]) -> None:
     ]:  # fmt: skip
         wrap(owner, name)
 
-    prefetch = T._prefetch
+    end_epoch = T._end_epoch
 
-    def drain_then_prefetch(self: Any, epoch: int) -> Any:
+    def drain_then_end(self: Any, epoch: int) -> Any:
         t = time.perf_counter()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         records.append(("gpu_drain", t, time.perf_counter() - t, "MainThread"))
-        return prefetch(self, epoch)
+        return end_epoch(self, epoch)
 
-    T._prefetch = drain_then_prefetch  # type: ignore[method-assign]
+    T._end_epoch = drain_then_end  # type: ignore[method-assign]
 
 
 def main() -> None:
