@@ -88,6 +88,7 @@ def test_a_snapshot_resolves_to_the_same_record_with_separate_contiguous_cpu_ten
         "half": [torch.ones(2, 2, dtype=torch.float16), (torch.tensor(True), 3)],
         "view": torch.arange(10.0)[2:8:2],
         "meta": {"epoch": 3, "name": "x"},
+        "param": torch.nn.Parameter(torch.ones(3)),  # a tensor that requires grad is copied as plain data
     }
     w0 = conv.clone()
     snap = snapshot(record)
@@ -103,7 +104,8 @@ def test_a_snapshot_resolves_to_the_same_record_with_separate_contiguous_cpu_ten
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     assert got["model"]["empty"].shape == (0, 2) and got["half"][1][1] == 3 and isinstance(got["half"][1], tuple)
     assert got["meta"] == {"epoch": 3, "name": "x"}
-    tensors = [got["model"]["w"], got["model"]["b"], got["view"], got["half"][0]]
+    assert torch.equal(got["param"], torch.ones(3)) and not got["param"].requires_grad
+    tensors = [got["model"]["w"], got["model"]["b"], got["view"], got["half"][0], got["param"]]
     assert all(t.is_contiguous() and t.device.type == "cpu" for t in tensors)
     assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)  # no shared storage
 

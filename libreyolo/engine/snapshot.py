@@ -84,29 +84,32 @@ class Snapshot:
             t, slot = self._device[i]
             slot.buffer, slot.offset = b, offset
             offset += t.numel()
-            parts.append(t.detach().reshape(-1))
+            parts.append(t.reshape(-1))
         try:
-            flat = torch.cat(parts)
+            with torch.no_grad():  # a state dict's tensors may still require grad: the copy must not
+                flat = torch.cat(parts)
         except torch.cuda.OutOfMemoryError:  # no room for the packed copy: each tensor to the host on its own (waits)
-            self._host.append(torch.cat([t.cpu() for t in parts]))
+            self._host.append(torch.cat([t.detach().cpu() for t in parts]))
             return
-        host = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=flat.is_cuda)
-        host.copy_(flat, non_blocking=flat.is_cuda)
+        if not flat.is_cuda:  # already a host copy of its own
+            self._host.append(flat)
+            return
+        host = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
         self._host.append(host)
-        if flat.is_cuda:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(flat.device))
-            self._events.append(event)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(flat.device))
+        self._events.append(event)
 
     def _leaf(self, obj: Any) -> Any:
         """_map's leaf for the walk: a tensor becomes its slot (filled in by _pack); a nested Snapshot stays."""
-        if isinstance(obj, Snapshot):
-            return obj
         if isinstance(obj, torch.Tensor):
             slot = _Slot(0, 0, obj.shape)
             self._groups.setdefault((obj.device, obj.dtype), []).append(len(self._device))
             self._device.append((obj, slot))
             return slot
+        if isinstance(obj, Snapshot):
+            return obj
         return _DESCEND
 
     def resolve(self) -> Any:
