@@ -96,6 +96,9 @@ def train_loader(
         persistent_workers=workers > 0,
         prefetch_factor=prefetch_factor(workers),
         worker_init_fn=_worker_init if workers > 0 else None,
+        # the workers' base seed comes from the loader's own generator, one per rank: opening a pass (the setup
+        # opens the first one early) leaves the process-global random streams as they were
+        generator=torch.Generator().manual_seed(seed + rank),
     )
 
 

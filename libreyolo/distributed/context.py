@@ -141,9 +141,10 @@ class DistContext:
         return DDP(train_net, device_ids=ids, output_device=device.index if ids else None, find_unused_parameters=False)
 
     def seed_rank(self, seed: int) -> None:
-        """Ranks above 0 reseed the process-global RNGs (DataLoader worker base seeds draw from them), so no two
-        ranks share a stream. Augmentation itself is keyed by (seed, epoch, image index) and the sampler shards
-        images, so it already differs per rank; the shuffle seed must stay shared for the shards to be disjoint."""
+        """Ranks above 0 reseed the process-global RNGs (the validation loader's worker base seeds draw from them;
+        the training loader has a generator per rank), so no two ranks share a stream. Augmentation itself is
+        keyed by (seed, epoch, image index) and the sampler shards images, so it already differs per rank; the
+        shuffle seed must stay shared for the shards to be disjoint."""
         if self.enabled and self.rank > 0:
             random.seed(seed + self.rank)
             np.random.seed((seed + self.rank) % 2**32)

@@ -30,7 +30,7 @@ from libreyolo.data.loader import (
 )
 from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
-from libreyolo.engine import autobatch, optim
+from libreyolo.engine import autobatch, optim, passes
 from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
 from libreyolo.engine.components import build_step_parts
@@ -77,6 +77,7 @@ class TrainSetup:
     train_loader: torch.utils.data.DataLoader[Any]
     val_loader: ValLoader
     sampler: TrainBatchSampler
+    first_pass: tuple[Any, int] | None  # (iterator, the epoch it ends before) opened here; the trainer takes it
     batch_per_rank: int
     accumulate: int
     warmup_iters: int
@@ -154,9 +155,14 @@ class TrainSetup:
 def release_workers(loader: torch.utils.data.DataLoader[Any]) -> None:
     """Stop a loader's persistent workers now. Left to interpreter exit, torch's atexit hook joins each
     worker with a 5 s timeout before terminating it: 15 workers cost 75 s after a finished run (seen on
-    the H200). Dropping the iterator sends the workers their stop sentinel, and they exit at once."""
-    if getattr(loader, "_iterator", None) is not None:
+    the H200). The iterator sends the workers their stop sentinel and joins them (what its __del__ does), here
+    and now, as other references to it (a traceback's frames) may keep it alive."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None:
         loader._iterator = None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def _resume_config(trainer: Any) -> dict[str, Any]:
@@ -212,7 +218,10 @@ def _scan_classes(data: DataConfig, split: str, notes: list[str]) -> LabelSet:
     return ls
 
 
-def build_setup(trainer: Any) -> TrainSetup:
+def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> TrainSetup:
+    """Everything a run needs, built once. undo collects what the caller must release if this raises part way:
+    the training loader's workers, which start before the network is built."""
+    undo = [] if undo is None else undo
     ckpt = _resume_config(trainer) if trainer.cfg.resume else None
     cfg: TrainConfig = trainer.cfg
     # under torchrun (or the spawn launcher's workers) this joins the process group and picks cuda:LOCAL_RANK
@@ -273,6 +282,13 @@ def build_setup(trainer: Any) -> TrainSetup:
     sampler = tl.batch_sampler
     assert isinstance(sampler, TrainBatchSampler)
     nb = sampler.batches_per_epoch()
+    # the first loader pass starts now: its workers decode the first batches while the network, optimizer and
+    # step are built (unless a family hook is due first; the trainer opens that pass after the hook)
+    start_epoch, start_step = (int(ckpt["epoch"]), int(ckpt["step"])) if ckpt is not None else (0, 0)
+    first_pass = None
+    if not passes.hook_due(cfg, family.hooks, start_epoch, start_epoch):
+        first_pass = passes.open_pass(cfg, family.hooks, sampler, tl, start_epoch, start_epoch, start_step)
+        undo.append(lambda: release_workers(tl))
     torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 
     # DDP: eager runs use torch's DDP wrapper, which hooks the registered parameters' gradients (no flat storage
@@ -336,6 +352,7 @@ def build_setup(trainer: Any) -> TrainSetup:
         train_loader=tl,
         val_loader=vl,
         sampler=sampler,
+        first_pass=first_pass,
         batch_per_rank=batch_per_rank,
         accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
-from libreyolo.engine import optim
+from libreyolo.engine import optim, passes
 from libreyolo.engine.checkpoint import CheckpointWriter, load_weights
 from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
 from libreyolo.engine.lossscale import start_loss_scale
@@ -71,7 +72,13 @@ class Trainer:
     # --- the run ------------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
         t0 = time.time()
-        self.s = s = build_setup(self)
+        undo: list[Callable[[], None]] = []
+        try:
+            self.s = s = build_setup(self, undo)
+        except BaseException:
+            for fn in reversed(undo):  # the loader workers the setup had started
+                fn()
+            raise
         self.vals = EpochValidations(self)
         status = "failed"
         try:
@@ -142,33 +149,25 @@ class Trainer:
         self.vals.settle(wait=True)  # the final epoch waits for its evaluation
         return self.stop_requested or "finished"
 
-    def _mosaic(self, epoch: int) -> bool:
-        return self.cfg.mosaic > 0 and epoch < self.cfg.epochs - self.cfg.no_aug_epochs
-
-    def _mosaic_closes(self, epoch: int) -> bool:
-        """The family's on_mosaic_close hook is due: at the epoch mosaic closes, or at the first epoch of a run
-        (resumed, or shorter than no_aug_epochs) that starts after it, so the hook's change is never lost."""
-        close = self.cfg.epochs - self.cfg.no_aug_epochs
-        due = epoch == close or (epoch == self.s.start_epoch and epoch > close)
-        return due and "on_mosaic_close" in self.s.family.hooks
-
     def _open_pass(self, epoch: int, start: int) -> tuple[Any, int]:
-        """Start one loader pass over this and the following epochs, up to the run's end or the next epoch at
-        which a family hook may change the data: the workers decode the next epoch's batches while this one
-        validates and checkpoints (data/loader.TrainBatchSampler). Batches depend only on (seed, epoch, index),
-        never on when or in which pass they are made, so a resumed run gets the same ones. -> (iterator, the
-        epoch it ends before)."""
-        if self._mosaic_closes(epoch):
-            self.s.family.hooks["on_mosaic_close"](self)
+        """The loader pass from this epoch on (engine/passes.py): the one the setup opened early for the run's
+        first epoch, otherwise a new one, after the family hook due at this epoch has run. Batches depend only
+        on (seed, epoch, index), never on when or in which pass they are made, so a resumed run gets the same
+        ones. -> (iterator, the epoch it ends before)."""
+        s = self.s
+        if s.first_pass is not None and epoch == s.start_epoch:
+            opened, s.first_pass = s.first_pass, None
+            return opened
+        hooks = s.family.hooks
+        if passes.hook_due(self.cfg, hooks, epoch, s.start_epoch):
+            hooks["on_mosaic_close"](self)
             self.vals.invalidate()  # the hook may change what the (validation) loss computes
-        until = next((e for e in range(epoch + 1, self.cfg.epochs) if self._mosaic_closes(e)), self.cfg.epochs)
-        self.s.sampler.set_span([(e, self._mosaic(e)) for e in range(epoch, until)], start)
-        return iter(self.s.train_loader), until
+        return passes.open_pass(self.cfg, hooks, s.sampler, s.train_loader, epoch, s.start_epoch, start)
 
     def _train_epoch(self, epoch: int, it: Any) -> None:
         s, cfg = self.s, self.cfg
         start = s.start_step if epoch == s.start_epoch else 0
-        mosaic = self._mosaic(epoch)
+        mosaic = passes.mosaic_on(cfg, epoch)
         nb = s.sampler.batches_per_epoch()
         self.emit(ev.EpochStart(epoch=epoch, epochs=cfg.epochs, steps=nb, mosaic=mosaic))
         s.train_net.train()

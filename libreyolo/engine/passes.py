@@ -1,0 +1,43 @@
+"""Which epochs one training-loader pass spans, and opening it.
+
+One pass runs over consecutive epochs (data/loader.TrainBatchSampler.set_span), so the workers decode the next
+epoch while this one validates and checkpoints. A pass ends before an epoch at which the family's
+`on_mosaic_close` hook is due, because the hook may change what the data or the loss is; the trainer runs the
+hook and opens the next pass there. Shared by the setup, which opens the first pass as soon as the loaders exist
+(the workers decode while the network, optimizer and step are built), and the trainer, which opens the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libreyolo.config import TrainConfig
+from libreyolo.data.loader import TrainBatchSampler
+
+
+def mosaic_on(cfg: TrainConfig, epoch: int) -> bool:
+    return cfg.mosaic > 0 and epoch < cfg.epochs - cfg.no_aug_epochs
+
+
+def hook_due(cfg: TrainConfig, hooks: dict[str, Any], epoch: int, start_epoch: int) -> bool:
+    """The family's on_mosaic_close hook is due: at the epoch mosaic closes, or at the first epoch of a run
+    (resumed, or shorter than no_aug_epochs) that starts after it, so the hook's change is never lost."""
+    close = cfg.epochs - cfg.no_aug_epochs
+    due = epoch == close or (epoch == start_epoch and epoch > close)
+    return due and "on_mosaic_close" in hooks
+
+
+def open_pass(
+    cfg: TrainConfig,
+    hooks: dict[str, Any],
+    sampler: TrainBatchSampler,
+    loader: Any,
+    epoch: int,
+    start_epoch: int,
+    start: int,
+) -> tuple[Any, int]:
+    """Point the sampler at epoch (from batch `start`) and the epochs after it up to the run's end or the next
+    hook epoch, and start the loader's iterator: persistent workers begin decoding at once. -> (iterator, the
+    epoch the pass ends before). The caller runs a hook due at `epoch` first."""
+    until = next((e for e in range(epoch + 1, cfg.epochs) if hook_due(cfg, hooks, e, start_epoch)), cfg.epochs)
+    sampler.set_span([(e, mosaic_on(cfg, e)) for e in range(epoch, until)], start)
+    return iter(loader), until
