@@ -232,32 +232,45 @@ def test_loader_workers_are_gone_when_train_returns(tiny_data, tmp_path):
     assert [p for p in psutil.Process().children(recursive=True) if p.pid not in before] == []
 
 
-def test_train_workers_decode_the_next_epoch_before_the_last_one_ends(tiny_data, tmp_path, monkeypatch):
-    """One loader pass spans the run's epochs: the workers take the next epoch's batches as soon as the queue has
-    room, so they are decoded while this epoch's last steps run and while it validates and checkpoints, and
-    the next epoch's first step does not wait for a cold queue (the race lost 0.03-0.4 s per epoch to that)."""
+def _log_requested_epochs(monkeypatch, log):
+    """Every training sample the loader workers make appends its epoch to `log` (a file: workers are processes)."""
     from libreyolo.data.dataset import YOLODataset
-    from libreyolo.engine.trainer import Trainer
 
-    log = tmp_path / "requested.txt"
-    real_getitem, real_train_epoch = YOLODataset.__getitem__, Trainer._train_epoch
+    log.touch()
+    real_getitem = YOLODataset.__getitem__
 
-    def logging_getitem(self, key):  # runs in the (forked) loader workers
+    def logging_getitem(self, key):
         if isinstance(key, tuple):
             with open(log, "a") as f:
                 f.write(f"{key[1]}\n")
         return real_getitem(self, key)
 
+    monkeypatch.setattr(YOLODataset, "__getitem__", logging_getitem)
+
+
+def _wait_for(log, done, timeout=10.0):
+    """The epochs logged once done(epochs) holds, or after timeout."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and not done(set(log.read_text().split())):
+        time.sleep(0.05)
+    return set(log.read_text().split())
+
+
+def test_train_workers_decode_the_next_epoch_before_the_last_one_ends(tiny_data, tmp_path, monkeypatch):
+    """One loader pass spans the run's epochs: the workers take the next epoch's batches as soon as the queue has
+    room, so they are decoded while this epoch's last steps run and while it validates and checkpoints, and
+    the next epoch's first step does not wait for a cold queue (the race lost 0.03-0.4 s per epoch to that)."""
+    from libreyolo.engine.trainer import Trainer
+
+    log = tmp_path / "requested.txt"
+    _log_requested_epochs(monkeypatch, log)
+    real_train_epoch = Trainer._train_epoch
     seen_at_epoch_end = []
 
     def watching_train_epoch(self, epoch, it):
-        real_train_epoch(self, epoch, it)
-        deadline = time.time() + 10  # the epoch's steps are done; nothing has been opened for the next one
-        while epoch < 2 and time.time() < deadline and str(epoch + 1) not in log.read_text().split():
-            time.sleep(0.05)
-        seen_at_epoch_end.append(set(log.read_text().split()))
+        real_train_epoch(self, epoch, it)  # the epoch's steps are done; nothing has been opened for the next one
+        seen_at_epoch_end.append(_wait_for(log, lambda seen: epoch == 2 or str(epoch + 1) in seen))
 
-    monkeypatch.setattr(YOLODataset, "__getitem__", logging_getitem)
     monkeypatch.setattr(Trainer, "_train_epoch", watching_train_epoch)
     _train(tiny_data, tmp_path, epochs=3, workers=2)
     assert "1" in seen_at_epoch_end[0] and "2" in seen_at_epoch_end[1]
@@ -266,29 +279,17 @@ def test_train_workers_decode_the_next_epoch_before_the_last_one_ends(tiny_data,
 def test_the_first_batches_are_decoded_while_the_network_is_built(tiny_data, tmp_path, monkeypatch):
     """The setup opens the first loader pass as soon as the loaders exist, so the run's first step does not wait
     for workers that started only after everything else was built (on the H200: fork 0.2 s + first batch 0.5 s)."""
-    from libreyolo.data.dataset import YOLODataset
     from libreyolo.engine import setup
 
     log = tmp_path / "requested.txt"
-    log.touch()
-    real_getitem, real_parts = YOLODataset.__getitem__, setup.build_step_parts
-
-    def logging_getitem(self, key):  # runs in the (forked) loader workers
-        if isinstance(key, tuple):
-            with open(log, "a") as f:
-                f.write(f"{key[1]}\n")
-        return real_getitem(self, key)
-
+    _log_requested_epochs(monkeypatch, log)
+    real_parts = setup.build_step_parts
     seen_while_building = []
 
     def watching_parts(*args, **kwargs):
-        deadline = time.time() + 10
-        while time.time() < deadline and not log.read_text():
-            time.sleep(0.05)
-        seen_while_building.append(set(log.read_text().split()))
+        seen_while_building.append(_wait_for(log, bool))
         return real_parts(*args, **kwargs)
 
-    monkeypatch.setattr(YOLODataset, "__getitem__", logging_getitem)
     monkeypatch.setattr(setup, "build_step_parts", watching_parts)
     _train(tiny_data, tmp_path, epochs=1, workers=2)
     assert seen_while_building == [{"0"}]
