@@ -353,6 +353,9 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
         val_loader=vl,
         sampler=sampler,
         first_pass=first_pass,
+        start_epoch=start_epoch,
+        start_step=start_step,
+        resumed=ckpt is not None,
         batch_per_rank=batch_per_rank,
         accumulate=parts.accumulate,
         warmup_iters=max(round(cfg.warmup_epochs * nb), 100) if cfg.warmup_epochs > 0 else 0,
@@ -380,6 +383,5 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     trainer.s = s
     if ckpt is not None:
         trainer.restore(ckpt)
-        s.start_epoch, s.start_step, s.resumed = trainer.epoch, trainer.step_in_epoch, True
     dist.seed_rank(cfg.seed)
     return s

@@ -68,7 +68,7 @@ class Snapshot:
             chunk: list[int] = []
             size = 0
             for i in members:
-                nbytes = self._device[i][0].numel() * self._device[i][0].element_size()
+                nbytes = self._device[i][0].nbytes
                 if chunk and size + nbytes > CHUNK_BYTES:
                     self._pack(chunk)
                     chunk, size = [], 0

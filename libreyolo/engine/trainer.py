@@ -134,11 +134,12 @@ class Trainer:
 
     def _epochs(self) -> str:
         s, cfg = self.s, self.cfg
-        it, until = None, s.start_epoch
+        # the setup opened the first pass early (engine/passes.py), unless a family hook is due first
+        (it, until), s.first_pass = s.first_pass or (None, s.start_epoch), None
         for epoch in range(s.start_epoch, cfg.epochs):
             self.epoch = epoch
             if epoch == until:
-                it, until = self._open_pass(epoch, s.start_step if epoch == s.start_epoch else 0)
+                it, until = self._open_pass(epoch)
             self._train_epoch(epoch, it)
             if self.stop_requested:
                 return self.stop_requested
@@ -149,24 +150,26 @@ class Trainer:
         self.vals.settle(wait=True)  # the final epoch waits for its evaluation
         return self.stop_requested or "finished"
 
-    def _open_pass(self, epoch: int, start: int) -> tuple[Any, int]:
-        """The loader pass from this epoch on (engine/passes.py): the one the setup opened early for the run's
-        first epoch, otherwise a new one, after the family hook due at this epoch has run. Batches depend only
-        on (seed, epoch, index), never on when or in which pass they are made, so a resumed run gets the same
-        ones. -> (iterator, the epoch it ends before)."""
+    def _first_step(self, epoch: int) -> int:
+        """The batch an epoch starts from: a resumed run's first epoch skips those already trained."""
+        return self.s.start_step if epoch == self.s.start_epoch else 0
+
+    def _open_pass(self, epoch: int) -> tuple[Any, int]:
+        """A new loader pass from this epoch on (engine/passes.py), after the family hook due at this epoch has run.
+        Batches depend only on (seed, epoch, index), never on when or in which pass they are made, so a resumed run
+        gets the same ones. -> (iterator, the epoch it ends before)."""
         s = self.s
-        if s.first_pass is not None and epoch == s.start_epoch:
-            opened, s.first_pass = s.first_pass, None
-            return opened
         hooks = s.family.hooks
         if passes.hook_due(self.cfg, hooks, epoch, s.start_epoch):
             hooks["on_mosaic_close"](self)
             self.vals.invalidate()  # the hook may change what the (validation) loss computes
-        return passes.open_pass(self.cfg, hooks, s.sampler, s.train_loader, epoch, s.start_epoch, start)
+        return passes.open_pass(
+            self.cfg, hooks, s.sampler, s.train_loader, epoch, s.start_epoch, self._first_step(epoch)
+        )
 
     def _train_epoch(self, epoch: int, it: Any) -> None:
         s, cfg = self.s, self.cfg
-        start = s.start_step if epoch == s.start_epoch else 0
+        start = self._first_step(epoch)
         mosaic = passes.mosaic_on(cfg, epoch)
         nb = s.sampler.batches_per_epoch()
         self.emit(ev.EpochStart(epoch=epoch, epochs=cfg.epochs, steps=nb, mosaic=mosaic))
