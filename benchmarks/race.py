@@ -4,8 +4,10 @@
 
 Prints one JSON line: launch-to-exit wall time; start (launch to the end of the first training step, read off
 the first step event, which the trainer emits right after a run's first step); the training parts of the
-epochs (epoch_start to the epoch's last step event); validation as it held the loop (val.time_s) and the
-COCO evaluation (val.eval_s, possibly overlapped with training); end (the last checkpoint event to exit); the
+epochs (epoch_start to the epoch's last step event); the seams between epochs (an epoch's last step event to the
+next epoch_start); validation as it held the loop (val.held_s; val.time_s in files before schema 4), its forward,
+loss and NMS (val.time_s, on a GPU beside the next epoch's steps) and the COCO evaluation (val.eval_s, possibly
+overlapped with training); end (the last checkpoint event to exit); the
 mean GPU utilisation NVML reported, sampled every 0.5 s from launch to exit; and the final and best metrics."""
 
 from __future__ import annotations
@@ -36,17 +38,22 @@ def split(events: list[dict], launch: float, exit_t: float) -> dict:
     by = lambda kind: [e for e in events if e["type"] == kind]  # noqa: E731
     steps, starts, vals = by("step"), by("epoch_start"), by("val")
     first_step = steps[0]["t"] if steps else None
-    train = 0.0
+    train, seams = 0.0, 0.0
     for es in starts:
         last = [s for s in steps if s["epoch"] == es["epoch"] and s["step"] == s["steps"]]
         if last:
             train += last[-1]["t"] - es["t"]
+            after = [n for n in starts if n["epoch"] == es["epoch"] + 1]
+            if after:
+                seams += after[0]["t"] - last[-1]["t"]
     ckpts = by("checkpoint")
     return {
         "start_s": round(first_step - launch, 2) if first_step else None,
         "run_start_s": round(by("run_start")[0]["t"] - launch, 2),
         "train_s": round(train, 2),
-        "val_held_s": round(sum(v["time_s"] for v in vals), 2),
+        "seams_s": round(seams, 2),
+        "val_held_s": round(sum(v.get("held_s", v["time_s"]) for v in vals), 2),
+        "val_device_s": round(sum(v["time_s"] for v in vals), 2),
         "val_eval_s": round(sum(v.get("eval_s", 0.0) for v in vals), 2),
         "val_per_epoch_s": [round(v["time_s"], 3) for v in vals],
         "end_s": round(exit_t - max(c["t"] for c in ckpts), 2) if ckpts else None,

@@ -17,11 +17,12 @@ from typing import Any, ClassVar
 
 from libreyolo.tasks import DETECT
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # what readers (the console) still accept: version 1 files lack run_start's loss_terms and cuda_graph_mode/
 # cuda_graph_reason and val's eval_s; versions 1 and 2 lack run_start's metrics and val's metrics (they are
-# detection runs: precision, recall, map50, map); a reader derives or omits them
-READABLE_VERSIONS = (1, 2, 3)
+# detection runs: precision, recall, map50, map); versions 1-3 lack val's held_s (their time_s is the time
+# validation held the loop); a reader derives or omits them
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 @dataclass
@@ -109,9 +110,10 @@ class Val(Event):
     epoch: int
     losses: dict[str, float]
     images: int
-    time_s: float  # forward, loss and NMS: the time validation held the training loop
+    time_s: float  # forward, loss and NMS, wherever they ran (on a GPU: a thread beside the next epoch's steps)
     eval_s: float  # the COCO evaluation (on a background thread while the next epoch trains)
     metrics: dict[str, float] = field(default_factory=dict)
+    held_s: float | None = None  # how long starting the validation held the training loop (None before v4)
     precision: float | None = None
     recall: float | None = None
     map50: float | None = None

@@ -126,3 +126,38 @@ def test_graphed_validation_matches_eager_and_follows_weights_changed_in_place(t
             for p in net.parameters():
                 p.mul_(0.9)
     loader.close()
+
+
+def test_validation_inside_training_runs_on_its_thread_from_the_weights_its_epoch_ended_with(tmp_path, monkeypatch):
+    """engine/epochval.py on a GPU: each epoch's validation runs on the validation thread (its own stream) while the
+    next epoch trains, and what it reads is exactly the EMA weights the epoch ended with (epochN.pt, saved right
+    after it started), not weights the next epoch's steps have already updated in place."""
+    import threading
+
+    from libreyolo import LibreYOLO
+    from libreyolo.data.shapes import make_shapes
+    from libreyolo.engine import epochval
+    from libreyolo.engine.checkpoint import load_checkpoint
+    from libreyolo.events import read_events
+
+    read: list[tuple[str, dict[str, torch.Tensor]]] = []
+    real = epochval.start_validation
+
+    def start(net, *args, **kwargs):
+        # cloned on the validation thread's stream, after it waited for the weights copy
+        read.append((threading.current_thread().name, {k: v.detach().clone() for k, v in net.state_dict().items()}))
+        return real(net, *args, **kwargs)
+
+    monkeypatch.setattr(epochval, "start_validation", start)
+    data = make_shapes(tmp_path / "d", 64, 16, 160)
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(data=str(data), epochs=3, imgsz=160, batch=8, device=0, workers=2, save_period=1, project=str(tmp_path))
+    ev = list(read_events(m.last_run / "events.jsonl"))
+    assert ev[-1]["status"] == "finished"
+    assert [e["epoch"] for e in ev if e["type"] == "val"] == [0, 1, 2]
+    assert [name for name, _ in read] == ["libreyolo-val"] * 3
+    for epoch, (_, weights) in enumerate(read):
+        saved = load_checkpoint(m.last_run / "weights" / f"epoch{epoch + 1}.pt")["model"]
+        for k, v in weights.items():
+            torch.testing.assert_close(saved[k], v.cpu(), rtol=0, atol=0, msg=k)
+    assert any(not torch.equal(read[1][1][k], read[2][1][k]) for k in read[1][1])  # the weights did move

@@ -154,6 +154,53 @@ def test_a_failed_evaluation_raises_from_result(tiny_data, monkeypatch):
         pending.result()
 
 
+def test_threaded_validation_runs_both_parts_on_its_thread_and_waits_apart_for_the_device_part(tiny_data, monkeypatch):
+    """eval/threaded.py (stream-less, as a CPU run would make it): the device part and the COCO evaluation run on the
+    validation thread; wait_device() returns before the evaluation finishes, result() waits for it and gives the
+    same metrics as a validation in the caller's thread; an error in either part is raised by result()."""
+    import threading
+
+    from libreyolo.eval import coco
+    from libreyolo.eval.threaded import ThreadedValidation
+
+    ds, names = _dataset(tiny_data)
+    net = _ReplayNet(ds, 4, len(names))
+    direct = start_validation(net, _family(N.nms_packed), ValLoader(ds, 4, 0, False), torch.device("cpu"), names)
+    expected = direct.result()
+    threads: dict[str, str] = {}
+    gate = threading.Event()
+    real_eval = coco.CocoAccumulator.evaluate
+
+    def evaluate(self, workers=1):
+        threads["eval"] = threading.current_thread().name
+        gate.wait(30)
+        return real_eval(self, workers)
+
+    def run():
+        threads["device"] = threading.current_thread().name
+        return start_validation(
+            net, _family(N.nms_packed), ValLoader(ds, 4, 0, False), torch.device("cpu"), names, background=False
+        )
+
+    monkeypatch.setattr(coco.CocoAccumulator, "evaluate", evaluate)
+    v = ThreadedValidation(run)
+    v.wait_device()
+    assert not v.done()  # the evaluation waits at the gate
+    gate.set()
+    out = v.result()
+    assert v.done() and threads == {"device": "libreyolo-val", "eval": "libreyolo-val"}
+    for k in ("map", "map50", "precision", "recall", "images", "detections"):
+        assert out[k] == expected[k], k
+
+    def fail():
+        raise RuntimeError("forward failed")
+
+    failed = ThreadedValidation(fail)
+    failed.wait_device()
+    with pytest.raises(RuntimeError, match="forward failed"):
+        failed.result()
+
+
 def test_real_network_with_loss_and_persistent_prefetched_workers(tiny_data):
     from libreyolo import LibreYOLO
     from libreyolo.config import TrainConfig

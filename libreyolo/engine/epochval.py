@@ -1,16 +1,19 @@
 """Each epoch's validation, off the training loop's path.
 
-At an epoch's end the trainer starts its validation: the device part (forward, loss, NMS, one copy per batch)
-holds the loop, and the COCO evaluation runs on a background thread while the next epoch trains. When the
-evaluation lands (the trainer looks at every step event, and waits for it at the next epoch's end at the
-latest), the epoch's `val` event and results.csv row are written, best.pt is saved from the weights that were
-validated (a device copy taken when validation started) if they are the best, and early stopping is decided.
-The final epoch waits for its evaluation. Under DDP (rank 0 validates, every rank waits for the result, so that
-all agree on the best epoch and on early stopping at the same point) and while profiling, validation is
-synchronous."""
+At an epoch's end the trainer starts its validation. On a GPU the validated weights are first copied (one queued
+copy on the training stream) into a network of the validation's own, and the whole validation (forward, loss, NMS
+and the COCO evaluation) runs on a thread with its own CUDA stream while the next epoch trains
+(eval/threaded.py): the loop is held only for the copy. Elsewhere the device part holds the loop and only the
+COCO evaluation runs on a background thread. When the evaluation lands (the trainer looks at every step event,
+and waits for it at the next epoch's end at the latest), the epoch's `val` event and results.csv row are
+written, best.pt is saved from the weights that were validated (the copy taken when validation started) if they
+are the best, and early stopping is decided. The final epoch waits for its evaluation. Under DDP (rank 0
+validates, every rank waits for the result, so that all agree on the best epoch and on early stopping at the
+same point) and while profiling, validation is synchronous."""
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
 from libreyolo.engine.rundir import append_results, results_columns, results_row
 from libreyolo.eval.graphed import EvalGraph
+from libreyolo.eval.threaded import ThreadedValidation
 from libreyolo.eval.validator import PendingValidation, start_validation
 from libreyolo.tasks import get_task
 
@@ -42,10 +46,11 @@ def val_prefetch_due(steps_left: int, step_s: float | None) -> bool:
 @dataclass
 class _Pending:
     epoch: int
-    validation: PendingValidation
+    validation: PendingValidation | ThreadedValidation
     train_losses: dict[str, float]
     lrs: dict[str, float]
     weights: dict[str, torch.Tensor]  # what was validated, for best.pt
+    held_s: float  # how long starting it held the training loop
 
 
 class EpochValidations:
@@ -55,12 +60,17 @@ class EpochValidations:
         self.fitness: dict[int, float] = {}  # epoch -> fitness, once landed
         self.patience_left = trainer.cfg.patience or math.inf
         s, cfg = trainer.s, trainer.cfg
-        # the validated network (the EMA copy) is updated in place: one graph serves every validation
+        self.source = s.ema.ema if s.ema is not None else s.net  # what is validated: the EMA weights, if any
+        # on a GPU the validation runs beside the next epoch's steps, which update the source in place: it reads a
+        # copy of its own, refreshed at each validation's start; elsewhere it reads the source itself
+        self.background = s.device.type == "cuda" and s.is_main and not self.synchronous
+        self.net = copy.deepcopy(self.source).eval().requires_grad_(False) if self.background else self.source
+        self.stream = torch.cuda.Stream(s.device) if self.background else None
+        # the validated network is updated in place: one graph serves every validation
         self.graph = None
         if s.device.type == "cuda" and cfg.cuda_graph is not False and s.is_main:
-            net = s.ema.ema if s.ema is not None else s.net
             self.graph = EvalGraph(
-                net,
+                self.net,
                 s.val_loss,
                 s.amp.autocast_dtype,
                 capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)),
@@ -75,7 +85,13 @@ class EpochValidations:
 
     def invalidate(self) -> None:
         if self.graph is not None:
+            self.wait_device()  # not while a validation thread replays the graph
             self.graph.invalidate()
+
+    def wait_device(self) -> None:
+        """Until the validation in flight (if any) no longer uses the device, its loader or its graph."""
+        if self.pending is not None and isinstance(self.pending.validation, ThreadedValidation):
+            self.pending.validation.wait_device()
 
     def due(self, epoch: int) -> bool:
         cfg = self.trainer.cfg
@@ -85,6 +101,7 @@ class EpochValidations:
         """Start the validation workers' pass a few steps before the epoch ends (they decode meanwhile)."""
         s = self.trainer.s
         if s.is_main and self.due(epoch) and hasattr(s.val_loader, "prefetch"):
+            self.wait_device()  # the previous validation's pass must be over (epochs shorter than a validation)
             s.val_loader.prefetch()
 
     def start(self, epoch: int, train_losses: dict[str, float], lrs: dict[str, float]) -> None:
@@ -92,33 +109,40 @@ class EpochValidations:
         s, cfg = tr.s, tr.cfg
         self.settle(wait=True)  # at most one evaluation in flight
         if self.due(epoch) and s.is_main:
-            net = s.ema.ema if s.ema is not None else s.net
-            weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
-            v = start_validation(
-                net,
-                s.family,
-                s.val_loader,
-                s.device,
-                s.names,
-                s.val_loss,
-                cfg.conf,
-                cfg.iou,
-                cfg.max_det,
-                s.amp.autocast_dtype,
-                cfg.channels_last,
-                background=not self.synchronous,
-                static_shape=self.graph is not None,
-                graph=self.graph,
-                multi_label=resolve_multi_label(cfg.multi_label, "val"),
-            )
-            if self.graph is not None and self.graph.error and not self._told:
-                self._told = True
-                tr.emit(
-                    ev.WarningEvent(
-                        f"validation runs eager: capturing its CUDA graph failed ({self.graph.error})", code="val_graph"
-                    )
+            t0 = time.perf_counter()
+
+            def run(background: bool) -> PendingValidation:
+                return start_validation(
+                    self.net,
+                    s.family,
+                    s.val_loader,
+                    s.device,
+                    s.names,
+                    s.val_loss,
+                    cfg.conf,
+                    cfg.iou,
+                    cfg.max_det,
+                    s.amp.autocast_dtype,
+                    cfg.channels_last,
+                    background=background,
+                    static_shape=self.graph is not None,
+                    graph=self.graph,
+                    multi_label=resolve_multi_label(cfg.multi_label, "val"),
                 )
-            self.pending = _Pending(epoch, v, train_losses, lrs, weights)
+
+            v: PendingValidation | ThreadedValidation
+            if self.background:
+                assert self.stream is not None
+                weights = self.net.state_dict()  # the copy: rewritten only at the next start, after this one landed
+                with torch.no_grad():
+                    torch._foreach_copy_(list(weights.values()), list(self.source.state_dict().values()))
+                ready = torch.cuda.Event()
+                ready.record()
+                v = ThreadedValidation(lambda: run(background=False), self.stream, ready)
+            else:
+                weights = {k: t.detach().clone() for k, t in self.net.state_dict().items()}
+                v = run(background=not self.synchronous)
+            self.pending = _Pending(epoch, v, train_losses, lrs, weights, time.perf_counter() - t0)
         if self.synchronous and self.due(epoch):
             self.settle(wait=True)
 
@@ -146,6 +170,10 @@ class EpochValidations:
         s = tr.s
         v = p.validation.result()
         tr._note_bad(v["bad"])
+        if self.graph is not None and self.graph.error and not self._told:
+            self._told = True
+            why = f"validation runs eager: capturing its CUDA graph failed ({self.graph.error})"
+            tr.emit(ev.WarningEvent(why, code="val_graph"))
         task = get_task(s.family.task)
         metrics = {k: float(v[k]) for k in task.metric_names}
         tr.emit(
@@ -156,6 +184,7 @@ class EpochValidations:
                 images=v["images"],
                 time_s=v["time_s"],
                 eval_s=v["eval_s"],
+                held_s=p.held_s,
             )
         )
         fitness = task.fitness(metrics)
