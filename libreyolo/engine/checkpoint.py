@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from libreyolo.engine.snapshot import PACKED, Snapshot, unpack
+from libreyolo.engine.snapshot import PACKED, Amended, Snapshot, unpack
 from libreyolo.errors import CheckpointError
 
 FORMAT = "libreyolo.checkpoint/v1"
@@ -38,8 +38,8 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def _write(record: dict[str, Any] | Snapshot, path: Path) -> Path:
-    return save_atomic(record.resolve() if isinstance(record, Snapshot) else record, path)
+def _write(record: dict[str, Any] | Snapshot | Amended, path: Path) -> Path:
+    return save_atomic(record.resolve() if isinstance(record, (Snapshot, Amended)) else record, path)
 
 
 class CheckpointWriter:
@@ -53,7 +53,7 @@ class CheckpointWriter:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
         self._pending: list[tuple[Future[Path], Callable[[Path], None]]] = []
 
-    def submit(self, record: dict[str, Any] | Snapshot, path: Path, on_done: Callable[[Path], None]) -> None:
+    def submit(self, record: dict[str, Any] | Snapshot | Amended, path: Path, on_done: Callable[[Path], None]) -> None:
         self._pending.append((self._pool.submit(_write, record, path), on_done))
 
     def drain(self, wait: bool = False) -> None:

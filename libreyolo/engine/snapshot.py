@@ -131,6 +131,20 @@ class Snapshot:
         return {"packed": PACKED, "buffers": list(self._host), "tree": tree} if self.packed else tree
 
 
+class Amended:
+    """A snapshotted record with some top-level entries replaced (values or nested Snapshots), resolved on the writer
+    thread: one snapshot of an epoch's end serves last.pt (with the train state added) and, once that epoch's
+    validation has landed as the best, best.pt (with the new best fitness and metrics), without a second pack."""
+
+    def __init__(self, base: Snapshot, **changes: Any):
+        self.base, self.changes = base, changes
+
+    def resolve(self) -> dict[str, Any]:
+        out = dict(self.base.resolve())
+        out.update({k: v.resolve() if isinstance(v, Snapshot) else v for k, v in self.changes.items()})
+        return out
+
+
 def snapshot(obj: Any, packed: bool = False) -> Snapshot:
     """See Snapshot: what CheckpointWriter.submit takes; resolve() gives the plain (or packed) record."""
     return Snapshot(obj, packed)

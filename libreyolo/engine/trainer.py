@@ -19,7 +19,7 @@ from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
 from libreyolo.engine.lossscale import start_loss_scale
 from libreyolo.engine.meters import Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
-from libreyolo.engine.snapshot import snapshot
+from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
 from libreyolo.engine.state import model_record, restore_rng, rng_state
 from libreyolo.engine.step import NO_PHASES
 
@@ -40,6 +40,7 @@ class Trainer:
         self._held: list[ev.Event] | None = []
         self._probe_scale = False  # a fresh float16 run reads its start loss scale off the first batch
         self.writer = CheckpointWriter()  # closed when train() ends: one Trainer trains once
+        self._epoch_end_record: tuple[int, Snapshot] | None = None  # (epoch, the model record last.pt saved then)
 
     # --- events -------------------------------------------------------------------------------------
     def emit(self, event: ev.Event) -> None:
@@ -117,6 +118,7 @@ class Trainer:
             self.emit(ev.ErrorEvent(f"{type(e).__name__}: {e}", traceback.format_exc()))
             raise
         finally:
+            self.vals.wait_device()  # a validation thread must be off the device before the loaders close
             self._close_writer()
             self.emit(
                 ev.RunEnd(
@@ -331,18 +333,27 @@ class Trainer:
         s = self.s
         if not s.is_main:
             return s.last_path
+        path = path or (s.last_path if which == "last" else s.best_path)
+        epoch, step = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
+        done = lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step))  # noqa: E731
+        end = self._epoch_end_record
+        if which == "best" and end is not None and end[0] == epoch:
+            # the weights validated are the ones the epoch ended with, already snapshotted for its last.pt
+            self.writer.submit(Amended(end[1], best_fitness=self.best_fitness, metrics=self.best_metrics), path, done)
+            self.writer.drain(wait=wait)
+            return path
         if which == "last":
             s.step.sync()  # the device-side optimizer and EMA counters, which only the train state holds
         ema_is_model = weights is None and s.ema is not None
         if weights is None:
             weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
-        epoch, step = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
         record.update(epoch=epoch, step=step, best_fitness=self.best_fitness, metrics=self.best_metrics)
+        model = snapshot(record)
         if which == "last":
             # packed (engine/snapshot.py); the EMA weights are the record's model already, stored once
             ema = None if s.ema is None else {"updates": s.ema.updates} if ema_is_model else s.ema.state_dict()
-            record["train"] = snapshot(
+            train = snapshot(
                 {
                     "net": s.train_net.state_dict(),
                     "optimizer": s.optimizer.state_dict(),
@@ -355,12 +366,11 @@ class Trainer:
                 },
                 packed=True,
             )
-        path = path or (s.last_path if which == "last" else s.best_path)
-        self.writer.submit(
-            snapshot(record),
-            path,
-            lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step)),
-        )
+            if step == 0:  # an epoch's end: its validation may make these weights the best (save("best") above)
+                self._epoch_end_record = (epoch, model)
+            self.writer.submit(Amended(model, train=train), path, done)
+        else:
+            self.writer.submit(model, path, done)
         self.writer.drain(wait=wait)
         return path
 
