@@ -176,10 +176,12 @@ class CapturableUpdate:
 
     # --- host side ----------------------------------------------------------------------------------
     def sync_to_host(self) -> None:
-        """Before a checkpoint: write the device counters back where the eager code and state_dict() look."""
+        """Before a checkpoint: write the device counters back where the eager code and state_dict() look. One
+        device-to-host read for all of them (a read per parameter was 690 synchronisations for LibreYOLO9t)."""
+        counts = torch.stack([self.ema_updates, *self.steps]).tolist()
         if self.ema is not None:
-            self.ema.updates = int(round(float(self.ema_updates.item())))
+            self.ema.updates = int(round(counts[0]))
         if self.name == "AdamW":
             for j, g in enumerate(self.groups):
                 for p in g["params"]:
-                    self.opt.state[p]["step"] = torch.tensor(float(self.steps[j].item()))
+                    self.opt.state[p]["step"] = torch.tensor(float(counts[1 + j]))
