@@ -60,7 +60,7 @@ class EpochValidations:
         self.fitness: dict[int, float] = {}  # epoch -> fitness, once landed
         self.patience_left = trainer.cfg.patience or math.inf
         s, cfg = trainer.s, trainer.cfg
-        self.source = s.ema.ema if s.ema is not None else s.net  # what is validated: the EMA weights, if any
+        self.source = s.kept_net  # what is validated: the EMA weights, if any
         # on a GPU the validation runs beside the next epoch's steps, which update the source in place: it reads a
         # copy of its own, refreshed at each validation's start; elsewhere it reads the source itself
         self.background = s.device.type == "cuda" and s.is_main and not self.synchronous

@@ -106,6 +106,11 @@ class TrainSetup:
     def best_path(self) -> Path:
         return self.run_dir / "weights" / "best.pt"
 
+    @property
+    def kept_net(self) -> nn.Module:
+        """The network whose weights checkpoints keep and validation measures: the EMA copy, if there is one."""
+        return self.ema.ema if self.ema is not None else self.net
+
     def scale_value(self) -> float | None:
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else None
 

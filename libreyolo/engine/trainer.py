@@ -346,7 +346,7 @@ class Trainer:
             s.step.sync()  # the device-side optimizer and EMA counters, which only the train state holds
         ema_is_model = weights is None and s.ema is not None
         if weights is None:
-            weights = (s.ema.ema if s.ema is not None else s.net).state_dict()
+            weights = s.kept_net.state_dict()
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
         record.update(epoch=epoch, step=step, best_fitness=self.best_fitness, metrics=self.best_metrics)
         model = snapshot(record)
