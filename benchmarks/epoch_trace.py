@@ -62,18 +62,58 @@ def instrument(records: list[tuple[str, float, float, str]]) -> None:
     T._end_epoch = drain_then_end  # type: ignore[method-assign]
 
 
+def instrument_setup(records: list[tuple[str, float, float, str]]) -> None:
+    """The setup's parts as build_setup calls them (the names it looks up in its own module)."""
+    from libreyolo import model as model_mod
+    from libreyolo.distributed import context
+    from libreyolo.engine import components, ema, lossscale, setup
+
+    def wrap(owner: Any, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                records.append((label, t, time.perf_counter() - t, threading.current_thread().name))
+
+        setattr(owner, name, timed)
+
+    for name in ("build_setup",):
+        wrap(trainer, name, f"setup.{name}")
+    for name in ("load_data_config", "_scan", "open_image_cache", "train_loader", "val_loader", "build_step_parts",
+                 "select_step", "write_args", "cudnn_benchmark_for"):  # fmt: skip
+        wrap(setup, name, f"setup.{name}")
+    wrap(context, "start", "distributed.start")
+    wrap(setup.autobatch, "resolve_global_batch", "autobatch.resolve_global_batch")
+    wrap(setup.passes, "open_pass", "passes.open_pass")
+    wrap(model_mod.LibreYOLO, "prepare_for_training", "LibreYOLO.prepare_for_training")
+    wrap(components, "ModelEMA", "components.ModelEMA")
+    wrap(components.optim, "build_optimizer", "optim.build_optimizer")
+    wrap(components, "FlatParams", "components.FlatParams")
+    wrap(epochval.EpochValidations, "__init__", "EpochValidations.__init__")
+    wrap(lossscale, "probe_loss_scale", "lossscale.probe_loss_scale")
+    del ema
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("keys", nargs="*", help="training keys, key=value")
     ap.add_argument("--out", help="also write the records as JSON")
+    ap.add_argument("--setup", action="store_true", help="also time the setup's parts (from the model's build)")
     a = ap.parse_args()
     keys: dict[str, Any] = dict(k.split("=", 1) for k in a.keys)
     records: list[tuple[str, float, float, str]] = []
     instrument(records)
+    if a.setup:
+        instrument_setup(records)
     from libreyolo import LibreYOLO
 
-    model = LibreYOLO(keys.pop("model", "LibreYOLO9t"))
     t0 = time.perf_counter()
+    model = LibreYOLO(keys.pop("model", "LibreYOLO9t"))
+    records.append(("LibreYOLO(...)", t0, time.perf_counter() - t0, "MainThread"))
     model.train(**{"project": "/tmp/epoch_trace", "exist_ok": "true", **keys})
     rows = sorted(((label, t - t0, d, thread) for label, t, d, thread in records), key=lambda r: r[1])
     for label, t, d, thread in rows:

@@ -8,7 +8,9 @@ epochs (epoch_start to the epoch's last step event); the seams between epochs (a
 next epoch_start); validation as it held the loop (val.held_s; val.time_s in files before schema 4), its forward,
 loss and NMS (val.time_s, on a GPU beside the next epoch's steps) and the COCO evaluation (val.eval_s, possibly
 overlapped with training); end (the last checkpoint event to exit); the
-mean GPU utilisation NVML reported, sampled every 0.5 s from launch to exit; and the final and best metrics."""
+mean GPU utilisation NVML reported, sampled every 0.5 s from launch to exit, over the whole run and over the
+samples inside each part (start, train, seams, and end from the last step event); and the final and best
+metrics."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 
-def sample_gpu(stop: threading.Event, out: list[float], period: float = 0.5) -> None:
+def sample_gpu(stop: threading.Event, out: list[tuple[float, float]], period: float = 0.5) -> None:
     try:
         import pynvml
 
@@ -31,7 +33,38 @@ def sample_gpu(stop: threading.Event, out: list[float], period: float = 0.5) -> 
     except Exception:  # no NVIDIA driver: utilisation stays unknown
         return
     while not stop.wait(period):
-        out.append(float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
+        out.append((time.time(), float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)))
+
+
+def parts(events: list[dict], launch: float, exit_t: float) -> dict[str, list[tuple[float, float]]]:
+    """The run's wall-clock intervals by part: start (launch to the first step event), train (each epoch_start to
+    its last step event), seams (an epoch's last step event to the next epoch_start), end (the last step event
+    to exit)."""
+    steps = [e for e in events if e["type"] == "step"]
+    starts = [e for e in events if e["type"] == "epoch_start"]
+    out: dict[str, list[tuple[float, float]]] = {"start": [], "train": [], "seams": [], "end": []}
+    if not steps:
+        return out
+    out["start"].append((launch, steps[0]["t"]))
+    for es in starts:
+        last = [s["t"] for s in steps if s["epoch"] == es["epoch"] and s["step"] == s["steps"]]
+        if last:
+            out["train"].append((max(es["t"], steps[0]["t"]), last[-1]))
+            after = [n["t"] for n in starts if n["epoch"] == es["epoch"] + 1]
+            if after:
+                out["seams"].append((last[-1], after[0]))
+    out["end"].append((steps[-1]["t"], exit_t))
+    return out
+
+
+def util_by_part(samples: list[tuple[float, float]], spans: dict[str, list[tuple[float, float]]]) -> dict:
+    """Mean NVML utilisation of the samples taken inside each part. NVML's figure at a sample is the share of its
+    own last averaging window (1/6 to 1 s) in which a kernel ran, so a short part borrows from its neighbours."""
+    res: dict[str, float | None] = {}
+    for name, ivs in spans.items():
+        inside = [u for t, u in samples if any(a <= t < b for a, b in ivs)]
+        res[name] = round(sum(inside) / len(inside), 1) if inside else None
+    return res
 
 
 def split(events: list[dict], launch: float, exit_t: float) -> dict:
@@ -86,7 +119,7 @@ def main() -> int:
     if (run_dir / "events.jsonl").exists():
         (run_dir / "events.jsonl").unlink()
     (run_dir / "results.csv").unlink(missing_ok=True)
-    util: list[float] = []
+    util: list[tuple[float, float]] = []
     stop = threading.Event()
     sampler = threading.Thread(target=sample_gpu, args=(stop, util), daemon=True)
     launch = time.time()
@@ -105,7 +138,8 @@ def main() -> int:
         "rc": proc.returncode,
         "wall_s": round(exit_t - launch, 2),
         **split(events, launch, exit_t),
-        "gpu_util_mean": round(sum(util) / len(util), 1) if util else None,
+        "gpu_util_mean": round(sum(u for _, u in util) / len(util), 1) if util else None,
+        "gpu_util_by_part": util_by_part(util, parts(events, launch, exit_t)),
         "final": m(rows[-1]) if rows else None,
         "best_map": max(float(r["metrics/mAP50-95(B)"]) for r in rows) if rows else None,
         "map_per_epoch": [round(float(r["metrics/mAP50-95(B)"]), 4) for r in rows],
