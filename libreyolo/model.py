@@ -29,6 +29,7 @@ class LibreYOLO:
         pretrained: bool = True,
     ):
         self.source = str(model)
+        self._net: nn.Module | None = None
         self.trained = False  # False: random init, which train() may rebuild under its seed
         self.metrics: dict[str, float] = {}
         self.imgsz = 640
@@ -49,7 +50,17 @@ class LibreYOLO:
             )
         self.family, self.size = stem_match
         self.names = list(names) if names else [f"class{i}" for i in range(nc)]
-        self.net = self.family.build(self.size, len(self.names))
+        self._net = None  # built on first use: train() builds its own for the dataset's classes instead
+
+    @property
+    def net(self) -> nn.Module:
+        if self._net is None:
+            self._net = self.family.build(self.size, len(self.names))
+        return self._net
+
+    @net.setter
+    def net(self, net: nn.Module) -> None:
+        self._net = net
 
     # --- construction -------------------------------------------------------------------------------
     @property
