@@ -390,6 +390,32 @@ def test_background_evaluation_lands_during_the_next_epoch_and_best_pt_follows_i
         assert [r["metrics/mAP50-95(B)"] for r in csv.DictReader(f)] == ["0.2", "0.5", "0.3"]
 
 
+class _CrashAfterBest:
+    """Module-level so it is an ordinary callback: fails the run once best.pt for epoch `n` is in place."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, e):
+        if e.type == "checkpoint" and e.kind == "best" and e.epoch == self.n:
+            raise RuntimeError("crash after best.pt")
+
+
+def test_resume_keeps_a_best_pt_that_landed_after_last_pt(tiny_data, tmp_path, monkeypatch):
+    """An epoch's validation lands after that epoch's last.pt was written (during the next epoch), so a crash can
+    leave a best.pt better than the best_fitness last.pt recorded. Resuming must not overwrite it with a worse
+    epoch."""
+    _planted_evaluations(monkeypatch, [0.2, 0.9] + [0.3] * 4, seconds=0.05)
+    with pytest.raises(RuntimeError, match="crash after best"):
+        _train(tiny_data, tmp_path, epochs=4, callbacks=[_CrashAfterBest(2)])
+    weights = tmp_path / "exp" / "weights"
+    last, best = load_checkpoint(weights / "last.pt"), load_checkpoint(weights / "best.pt")
+    assert best["best_fitness"] == pytest.approx(0.9) and last["best_fitness"] == pytest.approx(0.2)
+    LibreYOLO(weights / "last.pt").train(resume=True, model=str(weights / "last.pt"))
+    best = load_checkpoint(weights / "best.pt")
+    assert best["epoch"] == 2 and best["best_fitness"] == pytest.approx(0.9)
+
+
 def test_early_stopping_takes_effect_when_the_evaluation_lands(tiny_data, tmp_path, monkeypatch):
     _planted_evaluations(monkeypatch, [0.5, 0.2, 0.9, 0.9], seconds=0.5)
     m, _ = _train(tiny_data, tmp_path, epochs=4, patience=1)

@@ -121,6 +121,19 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return obj
 
 
+def best_so_far(
+    best_path: Path, fitness: float | None, metrics: dict[str, float]
+) -> tuple[float | None, dict[str, float]]:
+    """The best fitness and metrics a resumed run starts from: a last.pt's, or its run's best.pt's if higher. An
+    epoch's validation lands during the next epoch, after that epoch's last.pt, so a crash can leave a best.pt
+    better than the last.pt recorded, which a worse epoch must not overwrite after resuming."""
+    if best_path.is_file():
+        best = load_checkpoint(best_path)
+        if best.get("best_fitness") is not None and (fitness is None or best["best_fitness"] > fitness):
+            return best["best_fitness"], dict(best.get("metrics") or {})
+    return fitness, metrics
+
+
 def resolve_resume_path(cfg: Any) -> Path:
     if isinstance(cfg.resume, str):
         return Path(cfg.resume)

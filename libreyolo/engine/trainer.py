@@ -14,7 +14,7 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
-from libreyolo.engine.checkpoint import CheckpointWriter, load_weights
+from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far, load_weights
 from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
 from libreyolo.engine.lossscale import start_loss_scale
 from libreyolo.engine.meters import Throughput
@@ -391,7 +391,9 @@ class Trainer:
             s.ema.load_state_dict({"ema": ckpt["model"], **tr["ema"]})  # unless the train state has its own copy
         s.step.reload()  # after everything it derives from is back
         restore_rng(tr["rng"])
-        self.best_fitness, self.best_metrics = ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {})
+        self.best_fitness, self.best_metrics = best_so_far(
+            s.best_path, ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {})
+        )
         self.bad_files = set(tr.get("bad_files", []))
         self.epoch, self.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step"])
         self.epochs_done = self.epoch
