@@ -32,6 +32,7 @@ from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim, passes
 from libreyolo.engine.amp import AmpPolicy, resolve_amp
+from libreyolo.engine.bytecode import uncached_bytecode_note
 from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
 from libreyolo.engine.components import build_step_parts
 from libreyolo.engine.ema import ModelEMA
@@ -236,7 +237,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # raises before any work for an impossible request
     if cfg.tensorboard:
         require_tensorboard()  # as early: the error says how to install it
-    notes: list[str] = []
+    notes: list[str] = [n for n in [uncached_bytecode_note(torch)] if n]
     if dist.world_size > 1 and not trainer.model.family.supports_ddp:
         raise ConfigError(distributed.family_message(trainer.model.family.name, cfg.device, dist.world_size))
 
