@@ -25,10 +25,12 @@ from libreyolo.engine import checkpoint, epochval, graphs, meters, trainer
 SHORT = ("__call__", "__next__", "settle", "drain", "_step_event")  # reported only from 40 ms up
 
 
-def instrument(records: list[tuple[str, float, float, str]]) -> None:
-    def wrap(owner: Any, name: str) -> None:
+def timer(records: list[tuple[str, float, float, str]]) -> Any:
+    """-> wrap(owner, name, label=None): replaces owner.name with a timed call recorded in records."""
+
+    def wrap(owner: Any, name: str, label: str | None = None) -> None:
         fn = getattr(owner, name)
-        label = f"{getattr(owner, '__name__', owner)}.{name}"
+        label = label or f"{getattr(owner, '__name__', owner)}.{name}"
 
         @functools.wraps(fn)
         def timed(*a: Any, **k: Any) -> Any:
@@ -40,6 +42,11 @@ def instrument(records: list[tuple[str, float, float, str]]) -> None:
 
         setattr(owner, name, timed)
 
+    return wrap
+
+
+def instrument(records: list[tuple[str, float, float, str]]) -> None:
+    wrap = timer(records)
     T, EV = trainer.Trainer, epochval.EpochValidations
     for owner, name in [
         (T, "_open_pass"), (T, "_end_epoch"), (T, "save"), (T, "_step_event"),
@@ -66,23 +73,10 @@ def instrument_setup(records: list[tuple[str, float, float, str]]) -> None:
     """The setup's parts as build_setup calls them (the names it looks up in its own module)."""
     from libreyolo import model as model_mod
     from libreyolo.distributed import context
-    from libreyolo.engine import components, ema, lossscale, setup
+    from libreyolo.engine import components, lossscale, setup
 
-    def wrap(owner: Any, name: str, label: str) -> None:
-        fn = getattr(owner, name)
-
-        @functools.wraps(fn)
-        def timed(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                records.append((label, t, time.perf_counter() - t, threading.current_thread().name))
-
-        setattr(owner, name, timed)
-
-    for name in ("build_setup",):
-        wrap(trainer, name, f"setup.{name}")
+    wrap = timer(records)
+    wrap(trainer, "build_setup", "setup.build_setup")
     for name in ("load_data_config", "_scan", "open_image_cache", "train_loader", "val_loader", "build_step_parts",
                  "select_step", "write_args", "cudnn_benchmark_for"):  # fmt: skip
         wrap(setup, name, f"setup.{name}")
@@ -95,7 +89,6 @@ def instrument_setup(records: list[tuple[str, float, float, str]]) -> None:
     wrap(components, "FlatParams", "components.FlatParams")
     wrap(epochval.EpochValidations, "__init__", "EpochValidations.__init__")
     wrap(lossscale, "probe_loss_scale", "lossscale.probe_loss_scale")
-    del ema
 
 
 def main() -> None:
