@@ -29,7 +29,7 @@ class LibreYOLO:
         pretrained: bool = True,
     ):
         self.source = str(model)
-        self._net: nn.Module | None = None
+        self._net: nn.Module | None = None  # a name's network is built on first use: train() builds its own instead
         self.trained = False  # False: random init, which train() may rebuild under its seed
         self.metrics: dict[str, float] = {}
         self.imgsz = 640
@@ -50,7 +50,6 @@ class LibreYOLO:
             )
         self.family, self.size = stem_match
         self.names = list(names) if names else [f"class{i}" for i in range(nc)]
-        self._net = None  # built on first use: train() builds its own for the dataset's classes instead
 
     @property
     def net(self) -> nn.Module:
