@@ -36,23 +36,32 @@ def sample_gpu(stop: threading.Event, out: list[tuple[float, float]], period: fl
         out.append((time.time(), float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)))
 
 
+def epoch_spans(events: list[dict]) -> list[tuple[float, float, float | None]]:
+    """Per epoch that reached its last step: (its epoch_start, its last step event, the next epoch_start or None)."""
+    steps = [e for e in events if e["type"] == "step"]
+    starts = [e for e in events if e["type"] == "epoch_start"]
+    out = []
+    for es in starts:
+        last = [s["t"] for s in steps if s["epoch"] == es["epoch"] and s["step"] == s["steps"]]
+        if last:
+            after = [n["t"] for n in starts if n["epoch"] == es["epoch"] + 1]
+            out.append((es["t"], last[-1], after[0] if after else None))
+    return out
+
+
 def parts(events: list[dict], launch: float, exit_t: float) -> dict[str, list[tuple[float, float]]]:
     """The run's wall-clock intervals by part: start (launch to the first step event), train (each epoch_start to
     its last step event), seams (an epoch's last step event to the next epoch_start), end (the last step event
     to exit)."""
     steps = [e for e in events if e["type"] == "step"]
-    starts = [e for e in events if e["type"] == "epoch_start"]
     out: dict[str, list[tuple[float, float]]] = {"start": [], "train": [], "seams": [], "end": []}
     if not steps:
         return out
     out["start"].append((launch, steps[0]["t"]))
-    for es in starts:
-        last = [s["t"] for s in steps if s["epoch"] == es["epoch"] and s["step"] == s["steps"]]
-        if last:
-            out["train"].append((max(es["t"], steps[0]["t"]), last[-1]))
-            after = [n["t"] for n in starts if n["epoch"] == es["epoch"] + 1]
-            if after:
-                out["seams"].append((last[-1], after[0]))
+    for begin, last, after in epoch_spans(events):
+        out["train"].append((max(begin, steps[0]["t"]), last))
+        if after is not None:
+            out["seams"].append((last, after))
     out["end"].append((steps[-1]["t"], exit_t))
     return out
 
@@ -69,16 +78,11 @@ def util_by_part(samples: list[tuple[float, float]], spans: dict[str, list[tuple
 
 def split(events: list[dict], launch: float, exit_t: float) -> dict:
     by = lambda kind: [e for e in events if e["type"] == kind]  # noqa: E731
-    steps, starts, vals = by("step"), by("epoch_start"), by("val")
+    steps, vals = by("step"), by("val")
     first_step = steps[0]["t"] if steps else None
-    train, seams = 0.0, 0.0
-    for es in starts:
-        last = [s for s in steps if s["epoch"] == es["epoch"] and s["step"] == s["steps"]]
-        if last:
-            train += last[-1]["t"] - es["t"]
-            after = [n for n in starts if n["epoch"] == es["epoch"] + 1]
-            if after:
-                seams += after[0]["t"] - last[-1]["t"]
+    spans = epoch_spans(events)
+    train = sum(last - begin for begin, last, _ in spans)
+    seams = sum(after - last for _, last, after in spans if after is not None)
     ckpts = by("checkpoint")
     return {
         "start_s": round(first_step - launch, 2) if first_step else None,
