@@ -14,6 +14,7 @@ from libreyolo.engine.amp import AmpPolicy, make_scaler, resolve_amp
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import EagerStep
+from libreyolo.engine.warmup import KernelWarmup
 from libreyolo.families import LossFn, Reduce
 
 
@@ -76,11 +77,13 @@ def build_step_parts(
     reduce_normalizer: Reduce | None = None,
     flat: bool = True,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
+    warmup: KernelWarmup | None = None,
 ) -> StepParts:
     """batch is the global batch (all processes together: accumulation, weight decay and the step count follow
     it); batch_scale the loss multiplier, by default that same global batch (see families/yolo9/loss.py).
     flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients). prepare changes
-    the train net's modules (SyncBatchNorm) before the flat storage resolves their parameter slots."""
+    the train net's modules (SyncBatchNorm) before the flat storage resolves their parameter slots. warmup, if given,
+    starts its first pass on a copy of the train net as soon as that is placed (engine/warmup.py)."""
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     train_net = family.train_net(net, cfg).to(device)
     if prepare is not None:
@@ -88,6 +91,9 @@ def build_step_parts(
     channels_last = cfg.channels_last and device.type == "cuda"
     if channels_last:
         train_net = train_net.to(memory_format=torch.channels_last)
+    batch_scale = float(batch if batch_scale is None else batch_scale)
+    if warmup is not None:
+        warmup.start(train_net, amp.autocast_dtype, channels_last, batch_scale)
     nbs = resolve_nbs(cfg.nbs, batch, n_train, cfg.epochs)
     accumulate = max(round(nbs / batch), 1)
     # optimizer=auto tells long runs from short ones by their optimizer steps at the nominal batch (with nbs=auto
@@ -111,7 +117,7 @@ def build_step_parts(
         loss_fn=family.loss(net, cfg, reduce_normalizer),
         amp=amp,
         accumulate=accumulate,
-        batch_scale=float(batch if batch_scale is None else batch_scale),
+        batch_scale=batch_scale,
         channels_last=channels_last,
         flat=flat_params,
     )

@@ -42,6 +42,7 @@ from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
 from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
 from libreyolo.engine.step import EagerStep, StepRunner
+from libreyolo.engine.warmup import KernelWarmup, warmup_wanted
 from libreyolo.errors import CheckpointError, ConfigError, DataError
 from libreyolo.families import Family, LossFn, ScheduleFn, get_family
 from libreyolo.render import RichRenderer
@@ -79,6 +80,7 @@ class TrainSetup:
     val_loader: ValLoader
     sampler: TrainBatchSampler
     first_pass: tuple[Any, int] | None  # (iterator, the epoch it ends before) opened here; the trainer takes it
+    kernel_warmup: KernelWarmup | None  # running until join_kernel_warmup()
     batch_per_rank: int
     accumulate: int
     warmup_iters: int
@@ -151,7 +153,17 @@ class TrainSetup:
             config={k: v for k, v in c.to_dict().items()},
         )
 
+    def join_kernel_warmup(self) -> str | None:
+        """The kernel warm-up's end (engine/warmup.py), before anything reads or sets the random state. -> what
+        failed, once."""
+        warmup, self.kernel_warmup = self.kernel_warmup, None
+        if warmup is None:
+            return None
+        warmup.join()
+        return warmup.failure
+
     def close(self) -> None:
+        self.join_kernel_warmup()  # a run that failed before its first step may still be warming up
         release_workers(self.train_loader)
         self.val_loader.close()
         for fn in self.closers:
@@ -302,6 +314,10 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     nccl = dist.nccl_version()
     graphs = graph_mode(cfg.cuda_graph, family, device, dist.world_size, dist.backend, nccl)[0] is not False
     wrapped = dist.world_size > 1 and not graphs
+    warmup = None
+    if warmup_wanted(device, dist.world_size):  # the first pass's kernel loading, beside the rest of the setup
+        warmup = KernelWarmup(lambda: tl.collate_fn([train_ds[0]] * batch_per_rank), family.loss(net, cfg), device)
+        undo.append(warmup.join)
     parts = build_step_parts(
         family,
         net,
@@ -312,6 +328,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
         reduce_normalizer=dist.normalizer_reducer(),
         flat=not wrapped,
         prepare=lambda m: distributed.sync_batchnorm(m, dist, device, cfg.sync_bn, batch_per_rank, notes),
+        warmup=warmup,
     )
     eager = parts.eager_step(cfg.grad_clip)
     if wrapped:
@@ -359,6 +376,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
         val_loader=vl,
         sampler=sampler,
         first_pass=first_pass,
+        kernel_warmup=warmup,
         start_epoch=start_epoch,
         start_step=start_step,
         resumed=ckpt is not None,
@@ -388,6 +406,8 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
             s.closers.insert(0, tb.close)
     trainer.s = s
     if ckpt is not None:
+        # before the checkpoint's random state is set: the warm-up restores the state it found
+        s.notes += [m for m in [s.join_kernel_warmup()] if m]
         trainer.restore(ckpt)
     dist.seed_rank(cfg.seed)
     return s

@@ -1,0 +1,104 @@
+"""Kernel warm-up: a process's first training forward and backward, on a copy of the train net, beside the setup.
+
+A CUDA process's first pass costs ~1.1-1.4 s more than its next ones (H200, LibreYOLO9t, batch 16, 640 px,
+float16: benchmarks/first_pass.py, docs/performance.md): cuDNN builds an execution plan per convolution shape,
+and kernels load on first use. The setup starts a thread that runs one forward, loss and backward of a copy of
+the train net, on a batch of the training set's first image repeated, while the main thread builds the optimizer,
+EMA, step runner and validation. Loaded kernels serve the whole process, and the backward's plans are cached in
+autograd's device thread, which every backward shares. cuDNN caches execution plans per thread, so the run's own
+first forward still builds its forward plans.
+
+The pass leaves no trace. The copy, its gradients and activations are dropped, and the random generators are
+restored (a train-mode forward may draw: dropout, a DETR's denoising noise). A failure is only recorded: the
+run's own first step reports real errors. So that restoring the generators loses nothing, the main thread must
+neither draw from nor set them between start() and join(). The setup joins before it restores a resumed run's
+state, and the trainer joins before the first checkpoint (which records them)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.engine.step import feed_targets, normalize
+from libreyolo.families import LossFn
+
+
+def warmup_wanted(device: torch.device, world_size: int) -> bool:
+    """One CUDA process. Elsewhere there is nothing to load (CPU, MPS), or the train net's forward is a collective
+    (SyncBatchNorm under DDP) that a second thread must not enter."""
+    return device.type == "cuda" and world_size == 1
+
+
+class KernelWarmup:
+    def __init__(
+        self,
+        make_batch: Callable[[], dict[str, Any]],
+        loss_fn: LossFn,
+        device: torch.device,
+    ):
+        """make_batch() -> a collated training batch (img, targets, mask), called on the thread; loss_fn: a loss
+        object of the warm-up's own (losses may cache per shape)."""
+        self.make_batch, self.loss_fn, self.device = make_batch, loss_fn, device
+        self.error: BaseException | None = None
+        self.seconds: float | None = None  # the thread's time, once it has ended
+        self._thread: threading.Thread | None = None
+
+    def start(
+        self, net: nn.Module, autocast_dtype: torch.dtype | None, channels_last: bool, batch_scale: float
+    ) -> None:
+        """Copies the train net here, on the caller's thread (nothing may change it during the copy), then runs
+        the pass on that copy in a thread. net: on its device, in its memory format, before any flat storage."""
+        replica = copy.deepcopy(net).train()
+        args = (replica, autocast_dtype, channels_last, batch_scale)
+        self._thread = threading.Thread(target=self._run, args=args, name="libreyolo-warmup", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        """Waits for the pass (if started)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def failure(self) -> str | None:
+        """After join(): a line saying what failed, if the pass did."""
+        if self.error is None:
+            return None
+        return (
+            f"the first pass's warm-up thread failed ({type(self.error).__name__}: {self.error}); the first step "
+            "loads the GPU libraries itself"
+        )
+
+    def _run(self, net: nn.Module, autocast_dtype: torch.dtype | None, channels_last: bool, scale: float) -> None:
+        t = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                self._pass(net, autocast_dtype, channels_last, scale)
+        except Exception as e:  # noqa: BLE001  (recorded; join() reports it)
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - t
+
+    def _pass(self, net: nn.Module, autocast_dtype: torch.dtype | None, channels_last: bool, scale: float) -> None:
+        batch = self.make_batch()
+        img = batch["img"].to(self.device)
+        targets, mask = batch["targets"].to(self.device), batch["mask"].to(self.device)
+        imgsz = (img.shape[1], img.shape[2])
+        feed_targets(net, targets, mask, imgsz)
+        x = normalize(img, channels_last)
+        with torch.autocast(
+            self.device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
+        ):
+            outputs = net(x)
+        loss, _ = self.loss_fn(outputs, targets, mask, imgsz, scale)
+        loss.backward()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the pass's kernels ran before the thread counts as done
