@@ -93,7 +93,7 @@ def build_step_parts(
         train_net = train_net.to(memory_format=torch.channels_last)
     batch_scale = float(batch if batch_scale is None else batch_scale)
     if warmup is not None:
-        warmup.start(train_net, amp.autocast_dtype, channels_last, batch_scale)
+        warmup.start(train_net, amp.autocast_dtype, channels_last, batch_scale, keep=net)
     nbs = resolve_nbs(cfg.nbs, batch, n_train, cfg.epochs)
     accumulate = max(round(nbs / batch), 1)
     # optimizer=auto tells long runs from short ones by their optimizer steps at the nominal batch (with nbs=auto

@@ -17,6 +17,7 @@ state, and the trainer joins before the first checkpoint (which records them).""
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,12 @@ from torch import nn
 
 from libreyolo.engine.step import feed_targets, normalize
 from libreyolo.families import LossFn
+
+# The interpreter's switch interval while the pass runs (Python's default is 5 ms). The pass releases the
+# interpreter lock in each of its ~1,100 operator calls (forward and loss) and needs it back after each, while the
+# setup's Python holds it: at 5 ms each return may wait that long (measured on the H200 with the default: the pass
+# took 2.0-2.1 s beside the setup, 1.0 s alone).
+SWITCH_S = 1e-4
 
 
 def warmup_wanted(device: torch.device, world_size: int) -> bool:
@@ -48,22 +55,47 @@ class KernelWarmup:
         self.error: BaseException | None = None
         self.seconds: float | None = None  # the thread's time, once it has ended
         self._thread: threading.Thread | None = None
+        self._kept: nn.Module | None = None
+        self._switch = 0.0
 
     def start(
-        self, net: nn.Module, autocast_dtype: torch.dtype | None, channels_last: bool, batch_scale: float
+        self,
+        net: nn.Module,
+        autocast_dtype: torch.dtype | None,
+        channels_last: bool,
+        batch_scale: float,
+        keep: nn.Module | None = None,
     ) -> None:
         """Copies the train net here, on the caller's thread (nothing may change it during the copy), then runs
-        the pass on that copy in a thread. net: on its device, in its memory format, before any flat storage."""
-        replica = copy.deepcopy(net).train()
+        the pass on that copy in a thread. net: on its device, in its memory format, before any flat storage.
+        keep: a module inside net whose copy take_copy() hands on afterwards (the validation's own copy of the
+        detector: one deep copy fewer in the setup)."""
+        memo: dict[int, Any] = {}
+        replica = copy.deepcopy(net, memo).train()
+        self._kept = memo.get(id(keep)) if keep is not None else None
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_S)
         args = (replica, autocast_dtype, channels_last, batch_scale)
         self._thread = threading.Thread(target=self._run, args=args, name="libreyolo-warmup", daemon=True)
         self._thread.start()
 
     def join(self) -> None:
-        """Waits for the pass (if started)."""
+        """Waits for the pass (if started) and gives the interpreter back its switch interval."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            sys.setswitchinterval(self._switch)
+
+    def take_copy(self) -> nn.Module | None:
+        """After the pass: the copy of start()'s `keep`, in eval mode, without gradients (once). Its weights are
+        the start's and its BatchNorm statistics the pass's own: whoever takes it loads the weights it needs."""
+        self.join()
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            for p in kept.parameters():
+                p.grad = None
+            kept.eval().requires_grad_(False)
+        return kept
 
     @property
     def failure(self) -> str | None:
