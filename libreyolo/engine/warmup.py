@@ -6,10 +6,12 @@ and kernels load on first use. The setup starts a thread that runs one forward, 
 the train net, on a batch of the training set's first image repeated, while the main thread builds the optimizer,
 EMA, step runner and validation. Loaded kernels serve the whole process, and the backward's plans are cached in
 autograd's device thread, which every backward shares. cuDNN caches execution plans per thread, so the run's own
-first forward still builds its forward plans.
+first forward still builds its forward plans. Beside the setup the pass took 1.7-2.1 s on the H200, against
+~1.0 s alone: the training loader's pin-memory thread is allocating page-locked memory for its first ~30 batches
+meanwhile (1.4 s without pinning; docs/performance.md).
 
-The pass leaves no trace. The copy, its gradients and activations are dropped, and the random generators are
-restored (a train-mode forward may draw: dropout, a DETR's denoising noise). A failure is only recorded: the
+The pass leaves no trace. Its gradients and activations are dropped, and so is the copy (but for the detector
+inside it, which the background validation takes over: take_copy). The random generators are restored (a train-mode forward may draw: dropout, a DETR's denoising noise). A failure is only recorded: the
 run's own first step reports real errors. So that restoring the generators loses nothing, the main thread must
 neither draw from nor set them between start() and join(). The setup joins before it restores a resumed run's
 state, and the trainer joins before the first checkpoint (which records them)."""
@@ -17,7 +19,6 @@ state, and the trainer joins before the first checkpoint (which records them).""
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,12 +29,6 @@ from torch import nn
 
 from libreyolo.engine.step import feed_targets, normalize
 from libreyolo.families import LossFn
-
-# The interpreter's switch interval while the pass runs (Python's default is 5 ms). The pass releases the
-# interpreter lock in each of its ~1,100 operator calls (forward and loss) and needs it back after each, while the
-# setup's Python holds it: at 5 ms each return may wait that long (measured on the H200 with the default: the pass
-# took 2.0-2.1 s beside the setup, 1.0 s alone).
-SWITCH_S = 1e-4
 
 
 def warmup_wanted(device: torch.device, world_size: int) -> bool:
@@ -56,7 +51,6 @@ class KernelWarmup:
         self.seconds: float | None = None  # the thread's time, once it has ended
         self._thread: threading.Thread | None = None
         self._kept: nn.Module | None = None
-        self._switch = 0.0
 
     def start(
         self,
@@ -73,18 +67,15 @@ class KernelWarmup:
         memo: dict[int, Any] = {}
         replica = copy.deepcopy(net, memo).train()
         self._kept = memo.get(id(keep)) if keep is not None else None
-        self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_S)
         args = (replica, autocast_dtype, channels_last, batch_scale)
         self._thread = threading.Thread(target=self._run, args=args, name="libreyolo-warmup", daemon=True)
         self._thread.start()
 
     def join(self) -> None:
-        """Waits for the pass (if started) and gives the interpreter back its switch interval."""
+        """Waits for the pass (if started)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            sys.setswitchinterval(self._switch)
 
     def take_copy(self) -> nn.Module | None:
         """After the pass: the copy of start()'s `keep`, in eval mode, without gradients (once). Its weights are
