@@ -270,9 +270,9 @@ def test_parallel_coco_evaluation_by_categories_is_exact(monkeypatch):
 
 
 def test_release_workers_stops_a_prefetched_persistent_val_loader(tiny_data):
-    """The trainer's release_workers (engine/setup.py) also stops a primed persistent ValLoader: the started pass
+    """The trainer's release_workers (data/loader.py) also stops a primed persistent ValLoader: the started pass
     lives only in DataLoader's own iterator slot."""
-    from libreyolo.engine.setup import release_workers
+    from libreyolo.data.loader import release_workers
 
     ds, _ = _dataset(tiny_data)
     loader = ValLoader(ds, 3, 1, False, persistent=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import cv2
 import torch
@@ -194,3 +195,16 @@ def val_loader(dataset: YOLODataset, batch_size: int, workers: int, pin: bool, p
     """Not persistent unless asked: `ValLoader` says how persistent validation workers are opened early and
     released."""
     return ValLoader(dataset, batch_size, workers, pin, persistent)
+
+
+def release_workers(loader: torch.utils.data.DataLoader[Any]) -> None:
+    """Stop a loader's persistent workers now. Left to interpreter exit, torch's atexit hook joins each
+    worker with a 5 s timeout before terminating it: 15 workers cost 75 s after a finished run (seen on
+    the H200). The iterator sends the workers their stop sentinel and joins them (what its __del__ does), here
+    and now, as other references to it (a traceback's frames) may keep it alive."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None:
+        loader._iterator = None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

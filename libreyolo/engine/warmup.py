@@ -11,10 +11,11 @@ first forward still builds its forward plans. Beside the setup the pass took 1.7
 meanwhile (1.4 s without pinning; docs/performance.md).
 
 The pass leaves no trace. Its gradients and activations are dropped, and so is the copy (but for the detector
-inside it, which the background validation takes over: take_copy). The random generators are restored (a train-mode forward may draw: dropout, a DETR's denoising noise). A failure is only recorded: the
-run's own first step reports real errors. So that restoring the generators loses nothing, the main thread must
-neither draw from nor set them between start() and join(). The setup joins before it restores a resumed run's
-state, and the trainer joins before the first checkpoint (which records them)."""
+inside it, which the background validation takes over: take_copy). The random generators are restored (a
+train-mode forward may draw: dropout, a DETR's denoising noise). A failure is only recorded: the run's own first
+step reports real errors. So that restoring the generators loses nothing, the main thread must neither draw from
+nor set them between start() and join(). The setup joins before it restores a resumed run's state, and the trainer
+joins before the first checkpoint (which records them)."""
 
 from __future__ import annotations
 
