@@ -106,7 +106,7 @@ class KernelWarmup:
         try:
             with torch.random.fork_rng(devices=devices):
                 self._pass(net, autocast_dtype, channels_last, scale)
-        except Exception as e:  # noqa: BLE001  (recorded; join() reports it)
+        except Exception as e:  # noqa: BLE001  (recorded: `failure` words it after join())
             self.error = e
         finally:
             self.seconds = time.perf_counter() - t
