@@ -80,11 +80,12 @@ def test_a_failure_is_recorded_not_raised():
     assert w.failure is not None and "ValueError: no images" in w.failure and "warm-up" in w.failure
 
 
-def test_only_one_cuda_process_warms_up():
-    assert warmup_wanted(torch.device("cuda", 0), 1)
-    assert not warmup_wanted(torch.device("cuda", 0), 2)  # DDP: SyncBatchNorm's forward is a collective
-    assert not warmup_wanted(torch.device("cpu"), 1)
-    assert not warmup_wanted(torch.device("mps"), 1)
+def test_only_one_cuda_process_without_algorithm_timing_warms_up():
+    assert warmup_wanted(torch.device("cuda", 0), 1, cudnn_benchmark=False)
+    assert not warmup_wanted(torch.device("cuda", 0), 2, cudnn_benchmark=False)  # DDP: SyncBatchNorm is a collective
+    assert not warmup_wanted(torch.device("cuda", 0), 1, cudnn_benchmark=True)  # timing beside the setup's kernels
+    assert not warmup_wanted(torch.device("cpu"), 1, cudnn_benchmark=False)
+    assert not warmup_wanted(torch.device("mps"), 1, cudnn_benchmark=False)
 
 
 def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_path, monkeypatch):
@@ -102,7 +103,7 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
         return load_checkpoint(tmp_path / name / "weights" / "last.pt")["model"]
 
     plain = run("plain")
-    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size: True)
+    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
     monkeypatch.setattr(KernelWarmup, "_pass", counted)
     warmed = run("warmed")
     assert passes == [True]
@@ -112,7 +113,7 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
 
 def test_a_failed_warm_up_is_a_setup_warning_and_the_run_goes_on(tiny_data, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size: True)
+    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
 
     def fail(self, *a):
         raise RuntimeError("simulated")

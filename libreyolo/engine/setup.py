@@ -303,7 +303,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     graphs = graph_mode(cfg.cuda_graph, family, device, dist.world_size, dist.backend, nccl)[0] is not False
     wrapped = dist.world_size > 1 and not graphs
     warmup = None
-    if warmup_wanted(device, dist.world_size):  # the first pass's kernel loading, beside the rest of the setup
+    if warmup_wanted(device, dist.world_size, torch.backends.cudnn.benchmark):  # beside the rest of the setup
         warmup = KernelWarmup(lambda: tl.collate_fn([train_ds[0]] * batch_per_rank), family.loss(net, cfg), device)
         undo.append(warmup.join)
     parts = build_step_parts(

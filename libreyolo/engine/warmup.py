@@ -32,10 +32,12 @@ from libreyolo.engine.step import feed_targets, normalize
 from libreyolo.families import LossFn
 
 
-def warmup_wanted(device: torch.device, world_size: int) -> bool:
-    """One CUDA process. Elsewhere there is nothing to load (CPU, MPS), or the train net's forward is a collective
-    (SyncBatchNorm under DDP) that a second thread must not enter."""
-    return device.type == "cuda" and world_size == 1
+def warmup_wanted(device: torch.device, world_size: int, cudnn_benchmark: bool) -> bool:
+    """One CUDA process without cuDNN's algorithm timing. Elsewhere there is nothing to load (CPU, MPS), or the
+    train net's forward is a collective (SyncBatchNorm under DDP) that a second thread must not enter. With the
+    timing on (runs of 5,000 steps and more, where the start matters least) the pass would time algorithms while
+    the setup's own kernels share the GPU."""
+    return device.type == "cuda" and world_size == 1 and not cudnn_benchmark
 
 
 class KernelWarmup:
