@@ -62,6 +62,16 @@ def normalize(img: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+def train_forward(
+    call: Callable[[torch.Tensor], Any], img: torch.Tensor, autocast_dtype: torch.dtype | None, channels_last: bool
+) -> Any:
+    """The training forward as every eager pass runs it: uint8 batch normalised on the device, then call(x) under
+    the run's autocast (none when autocast_dtype is None)."""
+    x = normalize(img, channels_last)
+    with torch.autocast(x.device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+        return call(x)
+
+
 def feed_targets(net: nn.Module, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]) -> None:
     """A train net whose forward needs the batch's targets (a DETR's denoising queries are noised ground truths)
     defines set_targets(targets, mask, imgsz); it gets them just before its training forward."""
@@ -98,11 +108,8 @@ class EagerStep:
         self.grad_reduce: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        x = normalize(img, self.channels_last)
-        with torch.autocast(
-            x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
-        ):
-            return self.flat.forward(x) if self.flat is not None else self.net(x)
+        call = self.flat.forward if self.flat is not None else self.net
+        return train_forward(call, img, self.autocast_dtype, self.channels_last)
 
     def __call__(
         self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases = NO_PHASES

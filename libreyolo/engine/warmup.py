@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.engine.step import feed_targets, normalize
+from libreyolo.engine.step import feed_targets, train_forward
 from libreyolo.families import LossFn
 
 
@@ -119,11 +119,7 @@ class KernelWarmup:
         targets, mask = batch["targets"].to(self.device), batch["mask"].to(self.device)
         imgsz = (img.shape[1], img.shape[2])
         feed_targets(net, targets, mask, imgsz)
-        x = normalize(img, channels_last)
-        with torch.autocast(
-            self.device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
-        ):
-            outputs = net(x)
+        outputs = train_forward(net, img, autocast_dtype, channels_last)
         loss, _ = self.loss_fn(outputs, targets, mask, imgsz, scale)
         loss.backward()
         if self.device.type == "cuda":
