@@ -154,14 +154,13 @@ class TrainSetup:
             config={k: v for k, v in c.to_dict().items()},
         )
 
-    def join_kernel_warmup(self) -> str | None:
-        """The kernel warm-up's end (engine/warmup.py), before anything reads or sets the random state. -> what
-        failed, once."""
+    def join_kernel_warmup(self) -> None:
+        """The kernel warm-up's end (engine/warmup.py), before anything reads or sets the random state. What
+        failed, if it did, becomes a setup note (once)."""
         warmup, self.kernel_warmup = self.kernel_warmup, None
-        if warmup is None:
-            return None
-        warmup.join()
-        return warmup.failure
+        if warmup is not None:
+            warmup.join()
+            self.notes += [warmup.failure] if warmup.failure else []
 
     def close(self) -> None:
         self.join_kernel_warmup()  # a run that failed before its first step may still be warming up
@@ -394,8 +393,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
             s.closers.insert(0, tb.close)
     trainer.s = s
     if ckpt is not None:
-        # before the checkpoint's random state is set: the warm-up restores the state it found
-        s.notes += [m for m in [s.join_kernel_warmup()] if m]
+        s.join_kernel_warmup()  # before the checkpoint's random state is set: the warm-up restores the one it found
         trainer.restore(ckpt)
     dist.seed_rank(cfg.seed)
     return s

@@ -95,8 +95,8 @@ class Trainer:
                     reason=s.amp.reason,
                 )
             )
-            # the kernel warm-up (engine/warmup.py) ends here, before the first checkpoint records the random state
-            for msg in [*s.notes, *filter(None, [s.join_kernel_warmup()])]:
+            s.join_kernel_warmup()  # before the first checkpoint records the random state (engine/warmup.py)
+            for msg in s.notes:
                 self.emit(ev.WarningEvent(msg, code="setup"))
             if not s.resumed:
                 self.save("last")
