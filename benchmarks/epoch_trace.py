@@ -77,7 +77,7 @@ def instrument_setup(records: list[tuple[str, float, float, str]]) -> None:
 
     wrap = timer(records)
     wrap(trainer, "build_setup", "setup.build_setup")
-    for name in ("load_data_config", "_scan", "open_image_cache", "train_loader", "val_loader", "build_step_parts",
+    for name in ("load_data_config", "scan_split", "open_image_cache", "train_loader", "val_loader", "build_step_parts",
                  "select_step", "write_args", "cudnn_benchmark_for"):  # fmt: skip
         wrap(setup, name, f"setup.{name}")
     wrap(context, "start", "distributed.start")

@@ -16,10 +16,9 @@ from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.data.cache import open_image_cache
 from libreyolo.data.classify import ClassifyDataset
-from libreyolo.data.config import DataConfig, list_images, load_data_config
+from libreyolo.data.config import DataConfig, load_data_config
 from libreyolo.data.dataset import AugmentConfig, YOLODataset, capacity_bound
-from libreyolo.data.folders import load_classify_config, scan_classes
-from libreyolo.data.labels import LabelSet, no_boxes_message, scan_labels, scan_notes
+from libreyolo.data.folders import load_classify_config
 from libreyolo.data.loader import (
     TrainBatchSampler,
     ValLoader,
@@ -29,6 +28,7 @@ from libreyolo.data.loader import (
     train_loader,
     val_loader,
 )
+from libreyolo.data.splits import scan_class_split, scan_split
 from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim, passes
@@ -44,7 +44,7 @@ from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
 from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.engine.warmup import KernelWarmup, warmup_wanted
-from libreyolo.errors import CheckpointError, ConfigError, DataError
+from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families import Family, LossFn, ScheduleFn, get_family
 from libreyolo.render import RichRenderer
 from libreyolo.tasks import get_task
@@ -189,40 +189,6 @@ def _resume_config(trainer: Any) -> dict[str, Any]:
     return ckpt
 
 
-def _scan(data: DataConfig, split: str, nc: int, notes: list[str], allow_empty: bool = False) -> LabelSet:
-    sources = getattr(data, split)
-    images = list_images(sources)
-    if not images:
-        raise DataError(f"{data.yaml_path}: {split}: no images found in {', '.join(map(str, sources))}")
-    ls = scan_labels(images, nc)
-    notes += scan_notes(ls, split)
-    if not len(ls):
-        raise DataError(
-            f"{data.yaml_path}: {split}: none of the {len(images)} images is usable ({len(ls.skipped)} skipped; first: "
-            f"{ls.skipped[0][1]})"
-        )
-    empty = no_boxes_message(ls, split, data.yaml_path)
-    if empty and split == "train" and not allow_empty:
-        raise DataError(
-            f"{empty} Training would learn nothing; if only background images are intended, set allow_empty=true."
-        )
-    if empty:
-        notes.append(f"{empty} {'Validation mAP will be 0.' if split == 'val' else ''}".strip())
-    return ls
-
-
-def _scan_classes(data: DataConfig, split: str, notes: list[str]) -> LabelSet:
-    """A classification split: the images of its class folders (data/folders.py)."""
-    ls = scan_classes(getattr(data, split)[0], data.names)
-    notes += scan_notes(ls, split)
-    if not len(ls):
-        raise DataError(
-            f"{data.yaml_path}: {split}: none of the {len(ls.skipped)} images is usable (first: {ls.skipped[0][0]}: "
-            f"{ls.skipped[0][1]})"
-        )
-    return ls
-
-
 def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> TrainSetup:
     """Everything a run needs, built once. undo collects what the caller must release if this raises part way:
     the training loader's workers, which start before the network is built."""
@@ -245,10 +211,10 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
         data = (load_classify_config if classify else load_data_config)(cfg.data)
         notes += data.notes
         if classify:
-            train_ls, val_ls = _scan_classes(data, "train", notes), _scan_classes(data, "val", notes)
+            train_ls, val_ls = scan_class_split(data, "train", notes), scan_class_split(data, "val", notes)
         else:
-            train_ls = _scan(data, "train", data.nc, notes, cfg.allow_empty)
-            val_ls = _scan(data, "val", data.nc, notes)
+            train_ls = scan_split(data, "train", data.nc, notes, cfg.allow_empty)
+            val_ls = scan_split(data, "val", data.nc, notes)
     if ckpt is None:
         cfg.fill_unset(data.suggested, trainer.user_keys)
     seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below
