@@ -201,7 +201,7 @@ def _time_loader(
 ) -> tuple[float, float, float]:
     """-> images/s, ms per batch and CPU ms per image over `batches` batches after `warmup`; epochs roll
     over within one pass, as in training."""
-    from libreyolo.data.loader import train_loader
+    from libreyolo.data.loader import release_workers, train_loader
 
     dl = train_loader(ds, batch, workers, seed, pin)
     sampler = dl.batch_sampler
@@ -218,7 +218,7 @@ def _time_loader(
         n += len(next(it)["img"])
     elapsed = time.perf_counter() - t0
     cpu = sum(v - cpu0[pid] for pid, v in _cpu_seconds().items() if pid in cpu0)
-    del it, dl  # shuts the workers down before the next row starts its own
+    release_workers(dl)  # the workers and the staging thread end before the next row starts its own
     return n / elapsed, elapsed / batches * 1000, cpu / n * 1000
 
 

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from libreyolo.data.cpus import cpu_count
 from libreyolo.data.dataset import YOLODataset, collate
+from libreyolo.data.staging import PinnedStager
 
 # Beyond this, more workers per GPU add memory (each is a process with its own copy-on-write heap and
 # queued batches) faster than images/s; measure with `libreyolo bench loader` before raising workers=.
@@ -97,16 +98,49 @@ def _worker_init(_: int) -> None:
             pass
 
 
+class TrainLoader(DataLoader):
+    """A DataLoader whose passes are page-locked through data/staging.PinnedStager when `stage_to` is a CUDA
+    device, instead of torch's pin-memory thread (which page-locks every queued batch). It keeps the pass it
+    opened last, so that opening the next one or releasing the workers ends its staging thread first."""
+
+    def __init__(self, *args: Any, stage_to: torch.device | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stage_to = stage_to if stage_to is not None and stage_to.type == "cuda" else None
+        self._stager: PinnedStager | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        self.close_stager()  # persistent workers: the new pass resets the iterator the old one was reading
+        it = super().__iter__()
+        if self.stage_to is None:
+            return it
+        self._stager = PinnedStager(it, self.stage_to)
+        return self._stager
+
+    def close_stager(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+
 def train_loader(
-    dataset: YOLODataset, batch_size: int, workers: int, seed: int, pin: bool, rank: int = 0, world_size: int = 1
-) -> DataLoader:
+    dataset: YOLODataset,
+    batch_size: int,
+    workers: int,
+    seed: int,
+    pin: bool,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
+) -> TrainLoader:
+    """pin: page-locked batches for `device` (a CUDA device; the current one if None), through PinnedStager."""
     sampler = TrainBatchSampler(len(dataset), batch_size, seed, rank, world_size)
-    return DataLoader(
+    stage_to = (device or torch.device("cuda", torch.cuda.current_device())) if pin else None
+    return TrainLoader(
         dataset,
         batch_sampler=sampler,
         num_workers=workers,
         collate_fn=collate,
-        pin_memory=pin,
+        stage_to=stage_to,
         persistent_workers=workers > 0,
         prefetch_factor=prefetch_factor(workers),
         worker_init_fn=_worker_init if workers > 0 else None,
@@ -202,6 +236,8 @@ def release_workers(loader: torch.utils.data.DataLoader[Any]) -> None:
     worker with a 5 s timeout before terminating it: 15 workers cost 75 s after a finished run (seen on
     the H200). The iterator sends the workers their stop sentinel and joins them (what its __del__ does), here
     and now, as other references to it (a traceback's frames) may keep it alive."""
+    if isinstance(loader, TrainLoader):
+        loader.close_stager()
     it = getattr(loader, "_iterator", None)
     if it is not None:
         loader._iterator = None

@@ -247,7 +247,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     val_ds = dataset(val_ls, cfg.imgsz, augment=False, image_source=caches[1])
     cache_closers = [c.close for c in caches if c is not None]  # the last user on the host deletes a RAM cache
     # --- end image cache
-    tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size)
+    tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size, device)
     # persistent validation workers: no start-up each epoch, and they decode during an epoch's last steps
     vl = val_loader(val_ds, min(batch_per_rank * 2, 64), default_val_workers(workers), pin, persistent=dist.is_main)
     sampler = tl.batch_sampler
