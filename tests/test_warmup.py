@@ -1,4 +1,5 @@
-"""The kernel warm-up (engine/warmup.py): one training pass on a copy of the train net in a thread, leaving no trace."""
+"""The kernel warm-up (engine/warmup.py): one training pass on a copy of the train net, its backward in a thread,
+leaving no trace."""
 
 import torch
 from conftest import FAST
@@ -58,6 +59,25 @@ def test_the_pass_runs_the_loss_and_leaves_no_trace():
     assert torch.equal(torch.get_rng_state(), rng)
 
 
+def test_the_forward_and_loss_run_here_and_the_backward_in_the_thread():
+    """cuDNN's forward plans are cached per thread: the caller's own; the backward leaves the caller free."""
+    import threading
+
+    where: dict[str, threading.Thread] = {}
+
+    def loss_fn(outputs, targets, mask, imgsz, scale):
+        where["loss"] = threading.current_thread()
+        outputs[0].register_hook(lambda g: where.setdefault("backward", threading.current_thread()))
+        loss = outputs[0].float().mean()
+        return loss, loss.detach()[None]
+
+    w = KernelWarmup(lambda: _batch(2, 16), loss_fn, torch.device("cpu"))
+    w.start(Dropping().train(), None, False, 1.0)
+    assert where["loss"] is threading.current_thread()
+    w.join()
+    assert where["backward"] is not threading.current_thread() and where["backward"].name == "libreyolo-warmup"
+
+
 def test_the_kept_copy_is_handed_on_once():
     net = Dropping().train()
     w = KernelWarmup(lambda: _batch(2, 16), lambda o, *a: (o[0].float().mean(), None), torch.device("cpu"))
@@ -89,9 +109,9 @@ def test_only_one_cuda_process_without_algorithm_timing_warms_up():
 
 
 def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_path, monkeypatch):
-    """The setup's thread (forced on here, on the CPU) must change nothing the run computes."""
+    """The warm-up (forced on here, on the CPU) must change nothing the run computes."""
     passes = []
-    orig = KernelWarmup._pass
+    orig = KernelWarmup._forward
 
     def counted(self, *a):
         passes.append(a[0].training)
@@ -104,7 +124,7 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
 
     plain = run("plain")
     monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
-    monkeypatch.setattr(KernelWarmup, "_pass", counted)
+    monkeypatch.setattr(KernelWarmup, "_forward", counted)
     warmed = run("warmed")
     assert passes == [True]
     for k in plain:
@@ -118,12 +138,49 @@ def test_a_failed_warm_up_is_a_setup_warning_and_the_run_goes_on(tiny_data, tmp_
     def fail(self, *a):
         raise RuntimeError("simulated")
 
-    monkeypatch.setattr(KernelWarmup, "_pass", fail)
+    monkeypatch.setattr(KernelWarmup, "_forward", fail)
     m = LibreYOLO("LibreYOLO9t")
     m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 1, "callbacks": [seen.append]})
     warnings = [e.message for e in seen if e.type == "warning" and "warm-up" in e.message]
     assert warnings == [
-        "the first pass's warm-up thread failed (RuntimeError: simulated); the first step loads the GPU libraries "
-        "itself"
+        "the first pass's warm-up failed (RuntimeError: simulated); the first step loads the GPU libraries itself"
     ]
     assert [e.status for e in seen if e.type == "run_end"] == ["finished"]
+
+
+def test_a_resumed_run_restores_beside_the_warm_up_s_backward(tiny_data, tmp_path, monkeypatch):
+    """The backward may still run while the setup restores the checkpoint: the resumed run still matches the
+    uninterrupted one (both warmed up), bit for bit."""
+    import time
+
+    from test_train import _StopAfterEpoch, _train
+
+    from libreyolo.engine.trainer import Trainer
+
+    orig_backward, orig_restore = KernelWarmup._backward, Trainer.restore
+    overlapped = []
+
+    def slow(self, loss, t):
+        time.sleep(0.5)  # the restore runs meanwhile
+        return orig_backward(self, loss, t)
+
+    def restore(self, ckpt):
+        thread = self.s.kernel_warmup._thread
+        overlapped.append(thread is not None and thread.is_alive())
+        return orig_restore(self, ckpt)
+
+    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
+    monkeypatch.setattr(KernelWarmup, "_backward", slow)
+    monkeypatch.setattr(Trainer, "restore", restore)
+    _train(tiny_data, tmp_path / "a", epochs=2, workers=0)
+    try:
+        _train(tiny_data, tmp_path / "b", epochs=2, workers=0, callbacks=[_StopAfterEpoch(0)])
+    except KeyboardInterrupt:
+        pass
+    last = tmp_path / "b" / "exp" / "weights" / "last.pt"
+    LibreYOLO(last).train(resume=True, model=str(last))
+    assert overlapped == [True]
+    a = load_checkpoint(tmp_path / "a" / "exp" / "weights" / "last.pt")["model"]
+    b = load_checkpoint(last)["model"]
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)

@@ -358,8 +358,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
             s.sinks.insert(2, tb)
             s.closers.insert(0, tb.close)
     trainer.s = s
-    if ckpt is not None:
-        s.join_kernel_warmup()  # before the checkpoint's random state is set: the warm-up restores the one it found
+    if ckpt is not None:  # the kernel warm-up's backward may still run: it touches nothing restored here
         trainer.restore(ckpt)
     dist.seed_rank(cfg.seed)
     return s

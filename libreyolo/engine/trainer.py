@@ -76,6 +76,10 @@ class Trainer:
         undo: list[Callable[[], None]] = []
         try:
             self.s = s = build_setup(self, undo)
+            if not s.resumed:
+                # before the validation's copy waits for the kernel warm-up's backward (which touches nothing of the
+                # run's): the writer thread pickles it meanwhile, not beside the first steps
+                self.save("last")
         except BaseException:
             for fn in reversed(undo):  # the loader workers the setup had started
                 fn()
@@ -95,11 +99,9 @@ class Trainer:
                     reason=s.amp.reason,
                 )
             )
-            s.join_kernel_warmup()  # before the first checkpoint records the random state (engine/warmup.py)
+            s.join_kernel_warmup()  # before the first step: nothing may capture a graph beside its backward
             for msg in s.notes:
                 self.emit(ev.WarningEvent(msg, code="setup"))
-            if not s.resumed:
-                self.save("last")
             self._probe_scale = s.amp.scaler and not s.resumed
             if self.cfg.profile:
                 from libreyolo.profiler import attach  # imported only when asked: profile=false costs nothing
