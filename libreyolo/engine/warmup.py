@@ -11,13 +11,15 @@ and validation. Why split so:
   thread, which every backward shares, whichever thread started it.
 - The forward and the loss are Python calling one op after another; beside the setup's own Python (the deep
   copies) they would wait for the interpreter lock. The backward runs in autograd's engine without it.
-Kernels once loaded serve the whole process.
+Kernels once loaded serve the whole process. On the H200 the run's first forward then took 39-58 ms instead of
+210-336 ms after a warm-up run wholly in a thread (docs/performance.md, eighth session).
 
 The pass leaves no trace. Its gradients and activations are dropped, and so is the copy (but for the detector
 inside it, which the background validation takes over: take_copy). The random generators are restored around the
 forward and loss (a train-mode forward may draw: dropout, a DETR's denoising noise); the backward draws nothing. A
-failure is only recorded: the run's own first step reports real errors. The setup joins the thread before it
-restores a resumed run's state, the validation before it takes the copy, the trainer before its first step."""
+failure is only recorded: the run's own first step reports real errors. A resumed run's state is restored while
+the backward runs (nothing restored is the copy's); the validation joins the thread before it takes the copy, and
+the trainer before its first step (a graph capture must not run beside it)."""
 
 from __future__ import annotations
 
