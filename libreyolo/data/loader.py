@@ -21,7 +21,7 @@ MAX_WORKERS_PER_GPU = 16
 
 
 def default_workers(batch: int, n_gpus: int) -> int:
-    """GPU training: every CPU but one per GPU decodes (that one runs the training loop and the pin-memory
+    """GPU training: every CPU but one per GPU decodes (that one runs the training loop and the staging
     thread), at most MAX_WORKERS_PER_GPU and at most `batch` (a bound kept for tiny debugging batches).
     CPU training leaves cores to compute."""
     cpus = cpu_count()

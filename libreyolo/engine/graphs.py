@@ -247,7 +247,7 @@ class NetworkGraphStep(GraphRunner):
             memory_format=torch.channels_last if e.channels_last else torch.contiguous_format,
         )
         pool = torch.cuda.graph_pool_handle()
-        # thread-local error mode: the loader's pin-memory thread may allocate host memory meanwhile
+        # thread-local error mode: the loaders' threads (training staging, validation pinning) may allocate host memory
         with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
             # the autocast weight-cast cache must not outlive the capture: casts are captured kernels
             with torch.autocast(
