@@ -155,7 +155,7 @@ class TrainSetup:
         )
 
     def join_kernel_warmup(self) -> None:
-        """The kernel warm-up's end (engine/warmup.py), before anything reads or sets the random state. What
+        """The kernel warm-up's end (engine/warmup.py): its backward, which no graph capture may run beside. What
         failed, if it did, becomes a setup note (once)."""
         warmup, self.kernel_warmup = self.kernel_warmup, None
         if warmup is not None:

@@ -76,9 +76,7 @@ class Trainer:
         undo: list[Callable[[], None]] = []
         try:
             self.s = s = build_setup(self, undo)
-            if not s.resumed:
-                # before the validation's copy waits for the kernel warm-up's backward (which touches nothing of the
-                # run's): the writer thread pickles it meanwhile, not beside the first steps
+            if not s.resumed:  # pickled while the validation's copy waits for the warm-up, not beside the first steps
                 self.save("last")
         except BaseException:
             for fn in reversed(undo):  # the loader workers the setup had started
