@@ -141,6 +141,13 @@ class TrainConfig:
         "whole step), true (the network), false",
         "speed",
     )
+    overlap_backward: bool = opt(
+        True,
+        K.boolean,
+        "eager steps on CUDA with accumulation: each micro-step's backward runs beside the next forward (the host is "
+        "the limit there); two micro-steps' activations are then in memory at once",
+        "speed",
+    )
     channels_last: bool = opt(
         True, K.boolean, "channels-last memory format on CUDA (NHWC cuDNN kernels, no layout transposes)", "speed"
     )

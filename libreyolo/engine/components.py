@@ -50,6 +50,21 @@ class StepParts:
         )
 
 
+def overlap_wanted(cfg: Any, step: EagerStep, device: torch.device, accumulate: int, autobatch: bool) -> bool:
+    """Whether the eager step runs a micro-step's backward beside the next forward (engine/overlap.py): asked for
+    (cfg.overlap_backward), on a CUDA device, where the step is host-bound; with flat parameters (DDP's wrapper
+    expects each backward to end before the next forward); with micro-steps to overlap (accumulate > 1: an optimizer
+    step needs its backward done); and not when autobatch sized the batch to the memory (two micro-steps'
+    activations are alive at once)."""
+    return (
+        bool(cfg.overlap_backward)
+        and device.type == "cuda"
+        and step.flat is not None
+        and accumulate > 1
+        and not autobatch
+    )
+
+
 NOMINAL_BATCH = 64  # nbs=auto in a long run, and autobatch's cap: the Ultralytics convention the default LRs assume
 LONG_RUN_STEPS = 10_000  # optimizer steps (at NOMINAL_BATCH) above which a run counts as long
 

@@ -35,7 +35,7 @@ from libreyolo.engine import autobatch, optim, passes
 from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.bytecode import uncached_bytecode_note
 from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
-from libreyolo.engine.components import build_step_parts
+from libreyolo.engine.components import build_step_parts, overlap_wanted
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.meters import LossMeter
 from libreyolo.engine.rundir import increment_run_dir, write_args
@@ -226,6 +226,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     # `batch` is the global batch: accumulation, weight decay and the loss scale follow it; loaders use the per-rank
     # share
     probe = lambda: autobatch.probe_model(family, model.size, data.nc, cfg, device)  # noqa: E731
+    sized = cfg.batch == -1  # autobatch: the batch fills the memory
     batch = cfg.batch = autobatch.resolve_global_batch(cfg, device, dist, probe, amp.autocast_dtype, notes)
     batch_per_rank = distributed.split_batch(batch, dist.world_size)
     workers = (
@@ -292,6 +293,9 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     capacity = capacity_bound(train_ls.labels, cfg.mosaic) if graphs and dist.enabled else None
     step, graph_mode_, graph_reason = select_step(
         eager, parts, cfg, family, device, dist.world_size, trainer.emit, dist.backend, nccl, capacity
+    )
+    eager.overlap_backward = (
+        step is eager and not wrapped and overlap_wanted(cfg, eager, device, parts.accumulate, sized)
     )
 
     if ckpt is not None:

@@ -15,6 +15,7 @@ from torch import nn
 
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
+from libreyolo.engine.overlap import PendingBackward
 from libreyolo.families import LossFn
 
 PHASES = ("data", "to_device", "forward", "loss", "backward", "optimizer", "ema")
@@ -106,6 +107,10 @@ class EagerStep:
         # DDP without its wrapper (the graph runners): averages the flat gradient buffer over ranks, in place, at
         # each accumulation boundary before the scaler looks at it, so every rank sees the same inf check
         self.grad_reduce: Callable[[torch.Tensor], None] | None = None
+        # a micro-step's backward inside an accumulation window runs beside the next forward (engine/overlap.py);
+        # the setup turns it on (components.overlap_wanted), never while a profiler times the phases
+        self.overlap_backward = False
+        self._pending = PendingBackward()
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
         call = self.flat.forward if self.flat is not None else self.net
@@ -123,16 +128,25 @@ class EagerStep:
                 outputs = self.forward(img)
             with phases("loss"):
                 loss, items = self.loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), self.batch_scale)
-            with phases("backward"):
-                self.scaler.scale(loss).backward()
-                if self.flat is not None:
-                    self.flat.gather_grads()
+            scaled = self.scaler.scale(loss)
+            if self.overlap_backward and not boundary and phases is NO_PHASES:
+                self._pending.start(lambda: self._backward(scaled))  # waits for the previous one first
+            else:
+                self._pending.wait()
+                with phases("backward"):
+                    self._backward(scaled)
         if boundary:
             self.update(phases)
         return items
 
+    def _backward(self, scaled_loss: torch.Tensor) -> None:
+        scaled_loss.backward()
+        if self.flat is not None:
+            self.flat.gather_grads()
+
     def update(self, phases: Phases = NO_PHASES) -> None:
         """The end of an accumulation window: optimizer step, then the EMA."""
+        self._pending.wait()
         with phases("optimizer"):
             self.optimizer_step()
         with phases("ema"):
@@ -140,13 +154,17 @@ class EagerStep:
                 self.ema.update()
 
     def sync(self) -> None:
-        """Graph runners bring device-side counters to the host here, before a checkpoint."""
+        """Graph runners bring device-side counters to the host here, before a checkpoint; an overlapped backward
+        ends first."""
+        self._pending.wait()
 
     def invalidate(self, reason: str) -> None:
         """Nothing captured: the next step computes whatever the loss and network compute now."""
+        self._pending.wait()
 
     def reload(self) -> None:
         """After weights were loaded into the parameters (resume): refresh what is derived from them."""
+        self._pending.wait()
         if self.flat is not None:
             self.flat.refresh()
 
