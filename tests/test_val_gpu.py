@@ -91,9 +91,12 @@ def test_validation_on_cuda_gives_the_cpu_metrics(tmp_path):
         assert out["cuda"][k] == pytest.approx(out["cpu"][k], abs=0.02)
 
 
-def test_graphed_validation_matches_eager_and_follows_weights_changed_in_place(tmp_path):
+@pytest.mark.parametrize("captured_on_zeros", [False, True])
+def test_graphed_validation_matches_eager_and_follows_weights_changed_in_place(tmp_path, captured_on_zeros):
     """eval/graphed.py: forward and loss replayed from one graph give the eager validation's detections and losses,
-    also after the weights change in place (as the EMA copy's do between epochs); the short last batch is padded."""
+    also after the weights change in place (as the EMA copy's do between epochs); the short last batch is padded.
+    captured_on_zeros: the graph was captured first on a batch of zeros without labels, as a training run's
+    validation warm-up does (engine/epochval.py)."""
     from libreyolo import LibreYOLO
     from libreyolo.config import TrainConfig
     from libreyolo.data.config import list_images, load_data_config
@@ -111,6 +114,12 @@ def test_graphed_validation_matches_eager_and_follows_weights_changed_in_place(t
     net = model.prepare_for_training(dc.names, fresh=True).to(DEV).eval()
     loss = model.family.loss(net, TrainConfig.from_overrides({"imgsz": 320}))
     graph = EvalGraph(net, loss, torch.float16, capacity(max(map(len, ls.labels))))
+    if captured_on_zeros:
+        from libreyolo.eval.validator import to_input
+
+        x = to_input(torch.zeros((16, 320, 320, 3), dtype=torch.uint8), DEV)
+        graph(x, torch.zeros((16, 1, 5), device=DEV), torch.zeros((16, 1), dtype=torch.bool, device=DEV), (320, 320))
+        assert graph.graph is not None and graph.replays == 1
     for round_ in range(2):
         eager = start_validation(
             net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True
@@ -118,7 +127,8 @@ def test_graphed_validation_matches_eager_and_follows_weights_changed_in_place(t
         graphed = start_validation(
             net, model.family, loader, DEV, dc.names, loss, autocast_dtype=torch.float16, static_shape=True, graph=graph
         ).result()
-        assert graph.error is None and graph.replays == 3 * (round_ + 1)  # 16 + 16 + 8 (padded to 16) images a round
+        # 16 + 16 + 8 (padded to 16) images a round, all replayed from the one graph
+        assert graph.error is None and graph.replays == 3 * (round_ + 1) + captured_on_zeros
         assert graphed["detections"] == eager["detections"] and graphed["map"] == pytest.approx(eager["map"], abs=1e-6)
         for k, v in eager["losses"].items():
             assert graphed["losses"][k] == pytest.approx(v, rel=1e-4), k
@@ -161,3 +171,31 @@ def test_validation_inside_training_runs_on_its_thread_from_the_weights_its_epoc
         for k, v in weights.items():
             torch.testing.assert_close(saved[k], v.cpu(), rtol=0, atol=0, msg=k)
     assert any(not torch.equal(read[1][1][k], read[2][1][k]) for k in read[1][1])  # the weights did move
+
+
+def test_the_validation_graph_is_captured_beside_the_first_epoch(tmp_path, monkeypatch):
+    """engine/epochval.py: a few steps into a run the validation's graph is captured on a thread of its own, beside
+    the training steps; the validations after it only replay it."""
+    import threading
+
+    from libreyolo import LibreYOLO
+    from libreyolo.data.shapes import make_shapes
+    from libreyolo.eval import graphed
+    from libreyolo.events import read_events
+
+    captured_by: list[str] = []
+    real = graphed.EvalGraph._capture
+
+    def capture(self, *args, **kwargs):
+        captured_by.append(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(graphed.EvalGraph, "_capture", capture)
+    data = make_shapes(tmp_path / "d", 64, 16, 160)  # 8 steps an epoch: the warm-up starts after the 5th
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(data=str(data), epochs=2, imgsz=160, batch=8, device=0, workers=2, project=str(tmp_path))
+    ev = list(read_events(m.last_run / "events.jsonl"))
+    assert ev[-1]["status"] == "finished"
+    assert [e["epoch"] for e in ev if e["type"] == "val"] == [0, 1]
+    assert not [e for e in ev if e["type"] == "warning" and e.get("code") == "val_graph"]
+    assert captured_by == ["libreyolo-val-warm"]

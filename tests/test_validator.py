@@ -292,3 +292,30 @@ def test_validation_workers_get_a_head_start_in_time_as_well_as_in_steps():
     assert val_prefetch_due(4, None) and not val_prefetch_due(5, None)  # step time unknown: four steps ahead
     assert val_prefetch_due(19, 0.026) and not val_prefetch_due(20, 0.026)  # 26 ms steps: ~0.5 s ahead
     assert val_prefetch_due(4, 0.2) and not val_prefetch_due(5, 0.2)  # slow steps: four are head start enough
+
+
+def test_the_validation_warm_up_starts_once_after_its_steps_and_a_validation_waits_for_it():
+    """engine/epochval.py: after_step counts down to the warm-up (the validation graph's capture, on a GPU), starts
+    it once on its own thread, and whatever next uses the validation's device part joins it first."""
+    import threading
+    import time
+
+    from libreyolo.engine.epochval import EpochValidations
+
+    vals = object.__new__(EpochValidations)  # only the warm-up's countdown and thread
+    vals._warm_in, vals._warm, vals.pending = 3, None, None
+    ran: list[str] = []
+
+    def warm_up():
+        time.sleep(0.1)
+        ran.append(threading.current_thread().name)
+
+    vals._warm_up = warm_up
+    vals.after_step()
+    vals.after_step()
+    assert vals._warm is None
+    vals.after_step()
+    assert vals._warm is not None and not ran  # running beside the caller
+    vals.after_step()
+    vals.wait_device()  # a validation's prefetch or start
+    assert ran == ["libreyolo-val-warm"] and vals._warm is None

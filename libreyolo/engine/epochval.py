@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +25,12 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
+from libreyolo.engine.graphs import STABLE_AFTER
 from libreyolo.engine.rundir import append_results, results_columns, results_row
+from libreyolo.eval.coco import load_evaluator
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.threaded import ThreadedValidation
-from libreyolo.eval.validator import PendingValidation, start_validation
+from libreyolo.eval.validator import PendingValidation, start_validation, to_input
 from libreyolo.tasks import get_task
 
 # The validation workers start decoding this many steps before an epoch ends, or earlier, VAL_HEAD_START_S before
@@ -79,6 +82,11 @@ class EpochValidations:
                 capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)),
             )
         self._told = False
+        # steps until the validation's graph is captured beside the training (warm()): once the step's own graphs
+        # are (the STABLE_AFTER-th step, and one accumulation window later its other variant)
+        warm = self.background and self.graph is not None and s.family.task == "detect"
+        self._warm_in: int | None = STABLE_AFTER + s.accumulate + 1 if warm else None
+        self._warm: threading.Thread | None = None
 
     @property
     def synchronous(self) -> bool:
@@ -91,8 +99,47 @@ class EpochValidations:
             self.wait_device()  # not while a validation thread replays the graph
             self.graph.invalidate()
 
+    def after_step(self) -> None:
+        """Called after every training step: a few steps in, warm() starts."""
+        if self._warm_in is not None:
+            self._warm_in -= 1
+            if self._warm_in <= 0:
+                self._warm_in = None
+                self._warm = threading.Thread(target=self._warm_up, name="libreyolo-val-warm", daemon=True)
+                self._warm.start()
+
+    def _warm_up(self) -> None:
+        """What the first validation would otherwise do first, on a thread beside the first epoch's steps: capture
+        the validation's graph (its warm-up pass builds cuDNN's plans in the capturing thread: 1.1-1.2 s on the
+        H200), load the NMS kernels, import the COCO evaluator (0.2 s). The first validation then only replays; it
+        used to hold the validation loader so long that the second epoch's prefetch waited 0.5-0.6 s for it
+        (docs/performance.md). The input is zeros of the validation batch's shape: the graph's weights are the
+        validation network's own, refreshed in place before each validation. A failure is left to the first
+        validation, which does the same work and reports it."""
+        s, cfg = self.trainer.s, self.trainer.cfg
+        try:
+            assert self.graph is not None and self.stream is not None
+            n, imgsz = s.val_loader.batch_size, (cfg.imgsz, cfg.imgsz)
+            with torch.cuda.stream(self.stream):
+                x = to_input(torch.zeros((n, *imgsz, 3), dtype=torch.uint8), s.device, cfg.channels_last)
+                targets = torch.zeros((n, 1, 5), device=s.device)
+                raw, _ = self.graph(x, targets, torch.zeros((n, 1), dtype=torch.bool, device=s.device), imgsz)
+                multi_label = resolve_multi_label(cfg.multi_label, "val")
+                s.family.postprocess(
+                    self.net, raw, imgsz, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det, multi_label=multi_label
+                )
+            load_evaluator()
+        except Exception:  # noqa: BLE001,S110  (the first validation does the same and reports what fails)
+            pass
+
+    def _join_warm(self) -> None:
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.join()
+
     def wait_device(self) -> None:
         """Until the validation in flight (if any) no longer uses the device, its loader or its graph."""
+        self._join_warm()
         if self.pending is not None and isinstance(self.pending.validation, ThreadedValidation):
             self.pending.validation.wait_device()
 
@@ -111,6 +158,7 @@ class EpochValidations:
         tr = self.trainer
         s, cfg = tr.s, tr.cfg
         self.settle(wait=True)  # at most one evaluation in flight
+        self._join_warm()  # the graph is captured, or capturing it failed
         if self.due(epoch) and s.is_main:
             t0 = time.perf_counter()
 

@@ -204,6 +204,7 @@ class Trainer:
                 self._start_loss_scale(img, targets, mask)
             items = s.step(img, targets, mask, boundary, ph)
             s.meter.add(items)
+            self.vals.after_step()  # a few steps in, the validation's graph is captured beside the steps
             thr.add(img.shape[0], data_s)
             i += 1
             if boundary:
