@@ -184,13 +184,19 @@ def test_the_validation_graph_is_captured_beside_the_first_epoch(tmp_path, monke
     from libreyolo.events import read_events
 
     captured_by: list[str] = []
-    real = graphed.EvalGraph._capture
+    eager_by: set[str] = set()  # threads that ran the network outside the graph (the capture's own passes)
+    real_capture, real_body = graphed.EvalGraph._capture, graphed.EvalGraph._body
 
     def capture(self, *args, **kwargs):
         captured_by.append(threading.current_thread().name)
-        return real(self, *args, **kwargs)
+        return real_capture(self, *args, **kwargs)
+
+    def body(self, *args, **kwargs):
+        eager_by.add(threading.current_thread().name)
+        return real_body(self, *args, **kwargs)
 
     monkeypatch.setattr(graphed.EvalGraph, "_capture", capture)
+    monkeypatch.setattr(graphed.EvalGraph, "_body", body)
     data = make_shapes(tmp_path / "d", 64, 16, 160)  # 8 steps an epoch: the warm-up starts after the 5th
     m = LibreYOLO("LibreYOLO9t")
     m.train(data=str(data), epochs=2, imgsz=160, batch=8, device=0, workers=2, project=str(tmp_path))
@@ -199,3 +205,4 @@ def test_the_validation_graph_is_captured_beside_the_first_epoch(tmp_path, monke
     assert [e["epoch"] for e in ev if e["type"] == "val"] == [0, 1]
     assert not [e for e in ev if e["type"] == "warning" and e.get("code") == "val_graph"]
     assert captured_by == ["libreyolo-val-warm"]
+    assert eager_by == {"libreyolo-val-warm"}  # the validations replayed it for every batch

@@ -296,18 +296,23 @@ def test_validation_workers_get_a_head_start_in_time_as_well_as_in_steps():
 
 def test_the_validation_warm_up_starts_once_after_its_steps_and_a_validation_waits_for_it():
     """engine/epochval.py: after_step counts down to the warm-up (the validation graph's capture, on a GPU), starts
-    it once on its own thread, and whatever next uses the validation's device part joins it first."""
+    it once on its own thread; the validation workers' prefetch does not wait for it (it never reads the loader),
+    whatever next uses the validation's graph or device joins it first."""
     import threading
     import time
+    from types import SimpleNamespace
 
     from libreyolo.engine.epochval import EpochValidations
 
     vals = object.__new__(EpochValidations)  # only the warm-up's countdown and thread
     vals._warm_in, vals._warm, vals.pending = 3, None, None
     ran: list[str] = []
+    prefetched_after: list[int] = []  # how many warm-ups had ended when the prefetch ran
+    loader = SimpleNamespace(prefetch=lambda: prefetched_after.append(len(ran)))
+    vals.trainer = SimpleNamespace(s=SimpleNamespace(is_main=True, val_loader=loader), cfg=SimpleNamespace(val=True))
 
     def warm_up():
-        time.sleep(0.1)
+        time.sleep(0.3)
         ran.append(threading.current_thread().name)
 
     vals._warm_up = warm_up
@@ -317,5 +322,7 @@ def test_the_validation_warm_up_starts_once_after_its_steps_and_a_validation_wai
     vals.after_step()
     assert vals._warm is not None and not ran  # running beside the caller
     vals.after_step()
-    vals.wait_device()  # a validation's prefetch or start
+    vals.prefetch(0)
+    assert prefetched_after == [0]
+    vals.wait_device()  # a validation's start, invalidate(), the end of the run
     assert ran == ["libreyolo-val-warm"] and vals._warm is None
