@@ -119,3 +119,50 @@ def test_overlap_rule(asked, device, flat, accumulate, autobatch, want):
     cfg = TrainConfig.from_overrides({"overlap_backward": asked})
     step = SimpleNamespace(flat=object() if flat else None)
     assert overlap_wanted(cfg, step, torch.device(device), accumulate, autobatch) is want  # type: ignore[arg-type]
+
+
+def _train_overlapped(monkeypatch, data, project, overlap, **keys):
+    from libreyolo import LibreYOLO
+    from libreyolo.engine import setup
+
+    # on a CPU the rule says no: force it, to run the trainer's own path with the backward on the helper
+    monkeypatch.setattr(setup, "overlap_wanted", lambda *a: overlap)
+    m = LibreYOLO("LibreYOLO9t")
+    keys = dict(imgsz=64, batch=4, nbs=16, workers=0, warmup_epochs=0, device="cpu", project=str(project), **keys)
+    m.train(data=str(data), epochs=1, **keys)
+    return m
+
+
+def test_a_training_run_with_the_overlapped_backward_saves_the_plain_runs_weights(monkeypatch, tiny_data, tmp_path):
+    from libreyolo.engine.checkpoint import load_checkpoint
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runs = [_train_overlapped(monkeypatch, tiny_data, tmp_path / str(o), o) for o in (False, True)]
+    finally:
+        torch.set_num_threads(n)
+    a, b = (load_checkpoint(m.last_run / "weights" / "last.pt")["model"] for m in runs)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_a_run_that_fails_inside_an_accumulation_window_leaves_no_backward_running(monkeypatch, tiny_data, tmp_path):
+    from libreyolo.engine.step import EagerStep
+
+    def fail_at_first_step(event):
+        if event.type == "step":  # the first micro-step's backward is still running on the helper
+            raise RuntimeError("callback failed")
+
+    inner = EagerStep._backward
+
+    def slow_backward(self, loss):
+        time.sleep(0.5)  # still running when the run unwinds, unless the end of the run waits for it
+        inner(self, loss)
+
+    monkeypatch.setattr(EagerStep, "_backward", slow_backward)
+
+    with pytest.raises(RuntimeError, match="callback failed"):
+        _train_overlapped(monkeypatch, tiny_data, tmp_path, True, callbacks=[fail_at_first_step])
+    assert not [t for t in threading.enumerate() if t.name == "libreyolo-backward"]

@@ -164,6 +164,10 @@ class TrainSetup:
 
     def close(self) -> None:
         self.join_kernel_warmup()  # a run that failed before its first step may still be warming up
+        try:
+            self.eager.sync()  # a run that failed inside an accumulation window may have a backward running
+        except Exception:  # noqa: BLE001,S110  (that run's own error is the one it reports)
+            pass
         release_workers(self.train_loader)
         self.val_loader.close()
         for fn in self.closers:
