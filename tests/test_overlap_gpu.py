@@ -5,9 +5,9 @@ thread, interleaved on one stream: the training must still be the plain step's."
 
 import pytest
 import torch
+from conftest import step_batches
 
 from libreyolo.config import TrainConfig
-from tests.conftest import step_batches
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = torch.device("cuda:0")

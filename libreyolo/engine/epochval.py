@@ -82,8 +82,8 @@ class EpochValidations:
                 capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)),
             )
         self._told = False
-        # steps until the validation's graph is captured beside the training (warm()): once the step's own graphs
-        # are (the STABLE_AFTER-th step, and one accumulation window later its other variant)
+        # steps until _warm_up() starts: once the training step's own graphs are captured (at the STABLE_AFTER-th
+        # step, and its other micro/boundary variant within one accumulation window after it)
         warm = self.background and self.graph is not None and s.family.task == "detect"
         self._warm_in: int | None = STABLE_AFTER + s.accumulate + 1 if warm else None
         self._warm: threading.Thread | None = None
@@ -100,7 +100,7 @@ class EpochValidations:
             self.graph.invalidate()
 
     def after_step(self) -> None:
-        """Called after every training step: a few steps in, warm() starts."""
+        """Called after every training step: a few steps in, _warm_up() starts on its own thread."""
         if self._warm_in is not None:
             self._warm_in -= 1
             if self._warm_in <= 0:
@@ -111,8 +111,8 @@ class EpochValidations:
     def _warm_up(self) -> None:
         """What the first validation would otherwise do first, on a thread beside the first epoch's steps: capture
         the validation's graph (its warm-up pass builds cuDNN's plans in the capturing thread: 1.1-1.2 s on the
-        H200), load the NMS kernels, import the COCO evaluator (0.2 s). The first validation then only replays; it
-        used to hold the validation loader so long that the second epoch's prefetch waited 0.5-0.6 s for it
+        H200), load the NMS kernels, import the COCO evaluator. The first validation then only replays; it used to
+        capture, holding the validation loader so long that the second epoch's prefetch waited 0.5-0.6 s for it
         (docs/performance.md). The input is zeros of the validation batch's shape: the graph's weights are the
         validation network's own, refreshed in place before each validation. A failure is left to the first
         validation, which does the same work and reports it."""

@@ -46,10 +46,6 @@ class PendingBackward:
         self._thread = threading.Thread(target=run, name="libreyolo-backward", daemon=True)
         self._thread.start()
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None
-
     def wait(self) -> None:
         """Until the backward started last has ended; raises what it raised."""
         thread, self._thread = self._thread, None

@@ -31,7 +31,8 @@ PARALLEL_MIN_DETECTIONS = 200_000  # below this, starting processes costs more t
 
 
 def load_evaluator() -> None:
-    """Import faster-coco-eval now (0.2 s on first use): a run's first validation need not."""
+    """Import faster-coco-eval now (~0.2 s of the first evaluation on the 2-core CPU machine), off a run's first
+    validation."""
     import faster_coco_eval  # noqa: F401
 
 
