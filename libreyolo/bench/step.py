@@ -91,7 +91,7 @@ def make_runner(
     if ddp is not None:
         eager.grad_reduce = ddp.grad_reducer()
     if mode == "eager":  # as a training run with this batch and accumulation runs it
-        eager.overlap_backward = ddp is None and overlap_wanted(cfg, eager, device, parts.accumulate, cfg.batch == -1)
+        eager.overlap_backward = overlap_wanted(cfg, eager, device, parts.accumulate, cfg.batch == -1)
     if mode.startswith("compile"):
         eager.forward = torch.compile(eager.forward, dynamic=False)
         if mode == "compile":

@@ -82,6 +82,7 @@ class EpochValidations:
                 capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)),
             )
         self._told = False
+        self.multi_label = resolve_multi_label(cfg.multi_label, "val")  # what the validations and the warm-up NMS with
         # steps until _warm_up() starts: once the training step's own graphs are captured (at the STABLE_AFTER-th
         # step, and its other micro/boundary variant within one accumulation window after it)
         warm = self.background and self.graph is not None and s.family.task == "detect"
@@ -124,9 +125,8 @@ class EpochValidations:
                 x = to_input(torch.zeros((n, *imgsz, 3), dtype=torch.uint8), s.device, cfg.channels_last)
                 targets = torch.zeros((n, 1, 5), device=s.device)
                 raw, _ = self.graph(x, targets, torch.zeros((n, 1), dtype=torch.bool, device=s.device), imgsz)
-                multi_label = resolve_multi_label(cfg.multi_label, "val")
                 s.family.postprocess(
-                    self.net, raw, imgsz, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det, multi_label=multi_label
+                    self.net, raw, imgsz, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det, multi_label=self.multi_label
                 )
             load_evaluator()
         except Exception:  # noqa: BLE001,S110  (the first validation does the same and reports what fails)
@@ -183,7 +183,7 @@ class EpochValidations:
                     background=background,
                     static_shape=self.graph is not None,
                     graph=self.graph,
-                    multi_label=resolve_multi_label(cfg.multi_label, "val"),
+                    multi_label=self.multi_label,
                 )
 
             v: PendingValidation | ThreadedValidation

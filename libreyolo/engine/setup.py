@@ -298,9 +298,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     step, graph_mode_, graph_reason = select_step(
         eager, parts, cfg, family, device, dist.world_size, trainer.emit, dist.backend, nccl, capacity
     )
-    eager.overlap_backward = (
-        step is eager and not wrapped and overlap_wanted(cfg, eager, device, parts.accumulate, sized)
-    )
+    eager.overlap_backward = step is eager and overlap_wanted(cfg, eager, device, parts.accumulate, sized)
 
     if ckpt is not None:
         run_dir = Path(ckpt["train"]["run_dir"])

@@ -222,8 +222,7 @@ class Trainer:
                 break
 
     def _start_loss_scale(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> None:
-        """float16: start at the largest loss scale the first batch's gradients fit under (engine/lossscale.py),
-        the same on every rank, instead of losing the first optimizer steps to GradScaler's back-off."""
+        """float16: the run's start loss scale, read off the first batch (engine/lossscale.py), in one amp event."""
         self._probe_scale = False
         scale, reason = start_loss_scale(self.s, img, targets, mask)
         amp = ev.Amp(
