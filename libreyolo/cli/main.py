@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import importlib
 
+    from libreyolo.cli import cudastart
+
+    cudastart.start(argv)  # the CUDA driver starts while the command's module imports torch
     run: Callable[[list[str]], int] = importlib.import_module(COMMANDS[cmd][0]).run
     try:
         return run(rest)
