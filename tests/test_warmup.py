@@ -1,6 +1,7 @@
 """The kernel warm-up (engine/warmup.py): one training pass on a copy of the train net, its backward in a thread,
 leaving no trace."""
 
+import pytest
 import torch
 from conftest import FAST
 from torch import nn
@@ -8,6 +9,10 @@ from torch import nn
 from libreyolo import LibreYOLO
 from libreyolo.engine import setup as setup_mod
 from libreyolo.engine.checkpoint import load_checkpoint
+from libreyolo.engine.lossscale import MAX_EXP, ScaleSearch, probe_loss_scale
+from libreyolo.engine.passes import Peekable
+from libreyolo.engine.setup import TrainSetup
+from libreyolo.engine.step import EagerStep, train_forward
 from libreyolo.engine.warmup import KernelWarmup, warmup_wanted
 
 
@@ -78,6 +83,79 @@ def test_the_forward_and_loss_run_here_and_the_backward_in_the_thread():
     assert where["backward"] is not threading.current_thread() and where["backward"].name == "libreyolo-warmup"
 
 
+class HalfOut(nn.Module):
+    """float32 weights, float16 outputs whose gradients overflow float16 above some loss scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.w = nn.Parameter(torch.full((8,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        h = self.bn(self.conv(x)).half()
+        return (h * self.w.half()[None, :, None, None] * 100.0,)
+
+
+def _sum_loss(outputs, targets, mask, imgsz, scale):
+    loss = outputs[0].float().sum() * scale
+    return loss, loss.detach()[None]
+
+
+def test_the_warm_up_reads_the_start_scale_off_its_batch_as_the_first_step_probe_does(monkeypatch):
+    """The warm-up's copy has the train net's weights and runs on the run's first batch: the scale search on it
+    (its passes in the warm-up's thread) finds what the probe on the train net itself finds."""
+    import threading
+
+    torch.manual_seed(0)
+    net = HalfOut().train()
+    batch = _batch(4, 16)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    passes: list[str] = []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(
+        torch.autograd, "grad", lambda *a, **k: passes.append(threading.current_thread().name) or real_grad(*a, **k)
+    )
+    w = KernelWarmup(lambda: batch, _sum_loss, torch.device("cpu"), ScaleSearch())
+    w.start(net, None, False, 4.0)
+    w.join()
+    assert w.error is None and w.scale is not None
+    warm_passes, passes[:] = list(passes), []
+    expected = probe_loss_scale(
+        net,
+        lambda img: train_forward(net, img, None, False),
+        _sum_loss,
+        [p for p in net.parameters() if p.requires_grad],
+        batch["img"],
+        batch["targets"],
+        batch["mask"],
+        4.0,
+    )
+    assert w.scale == expected and expected[1] is not None and 0 < expected[1] < MAX_EXP
+    assert len(warm_passes) >= 2 and set(warm_passes) == {"libreyolo-warmup"}
+    assert all(p.grad is None for p in net.parameters())  # nothing accumulated, on the copy or the net
+    for k, v in net.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
+
+
+def test_the_warm_up_s_scale_is_set_on_the_scaler_before_the_first_batch():
+    from types import SimpleNamespace
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=65536.0)
+    s = SimpleNamespace(warm_scale=(8.0, 4), scaler=scaler)
+    scale, why = TrainSetup.start_scale(s, None, None, None)  # type: ignore[arg-type]
+    assert scale == 8.0 and scaler.get_scale() == 8.0
+    assert why == "loss scale starts at 8: the first batch's float16 gradients are finite up to 2^4"
+
+
+def test_a_peeked_first_batch_is_still_the_first_one_the_pass_returns():
+    p = Peekable(iter([1, 2, 3]))
+    assert p.peek() == 1 and p.peek() == 1
+    assert list(p) == [1, 2, 3]
+    with pytest.raises(StopIteration):
+        Peekable(iter([])).peek()
+
+
 def test_the_kept_copy_is_handed_on_once():
     net = Dropping().train()
     w = KernelWarmup(lambda: _batch(2, 16), lambda o, *a: (o[0].float().mean(), None), torch.device("cpu"))
@@ -110,12 +188,17 @@ def test_only_one_cuda_process_without_algorithm_timing_warms_up():
 
 def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_path, monkeypatch):
     """The warm-up (forced on here, on the CPU) must change nothing the run computes."""
-    passes = []
-    orig = KernelWarmup._forward
+    passes, warm_imgs, step_imgs = [], [], []
+    orig, orig_step = KernelWarmup._forward, EagerStep.__call__
 
     def counted(self, *a):
         passes.append(a[0].training)
+        warm_imgs.append(self.make_batch()["img"].clone())
         return orig(self, *a)
+
+    def step(self, img, *a, **k):
+        step_imgs.append(img.clone())
+        return orig_step(self, img, *a, **k)
 
     def run(name: str) -> dict[str, torch.Tensor]:
         m = LibreYOLO("LibreYOLO9t")
@@ -125,8 +208,10 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
     plain = run("plain")
     monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
     monkeypatch.setattr(KernelWarmup, "_forward", counted)
+    monkeypatch.setattr(EagerStep, "__call__", step)
     warmed = run("warmed")
     assert passes == [True]
+    assert torch.equal(warm_imgs[0], step_imgs[0])  # the warm-up ran on the run's first batch (read ahead)
     for k in plain:
         torch.testing.assert_close(warmed[k], plain[k], rtol=0, atol=0, msg=k)
 
@@ -160,9 +245,9 @@ def test_a_resumed_run_restores_beside_the_warm_up_s_backward(tiny_data, tmp_pat
     orig_backward, orig_restore = KernelWarmup._backward, Trainer.restore
     overlapped = []
 
-    def slow(self, loss, t):
+    def slow(self, loss, inputs, t):
         time.sleep(0.5)  # the restore runs meanwhile
-        return orig_backward(self, loss, t)
+        return orig_backward(self, loss, inputs, t)
 
     def restore(self, ckpt):
         thread = self.s.kernel_warmup._thread

@@ -6,7 +6,9 @@ gradients are large: a 15-epoch run of 800 images at batch 16 lost 10-11 of its 
 while the scale fell from 65,536 to 32 (H200, docs/performance.md). Here, before the first step, one forward
 and (usually) three backward passes of the first batch (torch.autograd.grad: nothing is accumulated, the optimizer
 never sees them) find the largest power of two at which every float16 gradient is finite; the run starts one
-halving below it, so the first steps are not skipped. The gradients' peaks at scale 1 (weights, and every
+halving below it, so the first steps are not skipped. The setup's kernel warm-up runs them on its copy of the
+train net, the backward passes in its thread (engine/warmup.py); a run without that warm-up (DDP, cuDNN's
+algorithm timing on) runs them on the train net at its first step. The gradients' peaks at scale 1 (weights, and every
 module's float16 output) give the first guess, usually decided by the passes just above and below it. Later
 overflows still back the scale off and are counted as before. BatchNorm buffers are restored afterwards, so the
 probe leaves no trace in the weights."""
@@ -19,9 +21,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-from libreyolo.engine.setup import TrainSetup
-from libreyolo.engine.step import normalize
+from libreyolo.distributed.context import DistContext
+from libreyolo.engine.step import EagerStep, normalize
 from libreyolo.families import LossFn
 
 MAX_EXP = 24  # 2**24: far above any scale a real network's gradients fit under in float16
@@ -56,6 +59,84 @@ def largest_finite_exp(
     return lo
 
 
+class ScaleSearch:
+    """The largest power of two at which a loss's float16 gradients stay finite. watch(net) before the forward:
+    each module's float16 output then records its gradient's peak during the first backward (at scale 1), which
+    gives search() its first guess. search(loss, inputs) runs the backward passes (torch.autograd.grad: nothing
+    is accumulated) on whichever thread calls it. Under DDP `agree` makes every rank take the same bisection path
+    (finite on all ranks): SyncBatchNorm's backward is a collective, so the ranks must run the same passes."""
+
+    def __init__(
+        self,
+        agree: Callable[[bool], bool] = lambda finite: finite,
+        agree_min: Callable[[float], float] = lambda x: x,
+    ):
+        self.agree, self.agree_min = agree, agree_min
+        # float16 overflows first in activation gradients, which the optimizer never sees
+        self._act_peaks: list[torch.Tensor] = []
+        self._recording = True
+
+    def watch(self, net: nn.Module) -> list[RemovableHandle]:
+        """Forward hooks on every module of net; remove them once the forward has run."""
+
+        hooked: set[int] = set()
+
+        def record(g: torch.Tensor) -> None:
+            if self._recording:  # one kernel: max |g| (inf or NaN if any element is)
+                self._act_peaks.append(torch.linalg.vector_norm(g.detach(), math.inf))
+
+        def on_output(_module: nn.Module, _inputs: Any, out: Any) -> None:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                # a container passes its last child's output on: one hook per tensor
+                if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype == torch.float16 and id(t) not in hooked:
+                    hooked.add(id(t))
+                    t.register_hook(record)
+
+        return [m.register_forward_hook(on_output) for m in net.modules()]
+
+    def search(self, loss: torch.Tensor, inputs: list[torch.Tensor]) -> int | None:
+        """-> the largest finite exponent, None if even a scale of 1 overflows. inputs: the tensors whose
+        gradients the optimizer will see (the float16 weight stand-ins, or the parameters)."""
+        peak: list[float] = []
+
+        def finite_at(e: int) -> bool:
+            grads = [
+                g
+                for g in torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True)
+                if g is not None
+            ]
+            self._recording = False
+            if not grads:
+                return self.agree(True)
+            # the largest |gradient|: one multi-tensor kernel (an inf or NaN anywhere makes it non-finite)
+            top = torch.stack([n.float() for n in torch._foreach_norm(grads, math.inf)]).amax()
+            if e == 0 and self._act_peaks:
+                top = torch.maximum(top, torch.stack(self._act_peaks).amax().float())
+            top_v = top.item()  # one host read per pass
+            if e == 0:
+                peak.append(top_v)
+            return self.agree(math.isfinite(top_v))
+
+        def guess() -> int:
+            """The exponent at which the largest gradient seen at scale 1 (weights and module outputs) would just
+            stay under float16's max: agreed by every rank (the smallest)."""
+            top = peak[0] if peak else 0.0
+            e = int(math.floor(math.log2(FP16_MAX / top))) if top > 0 else MAX_EXP
+            return int(self.agree_min(e))
+
+        return largest_finite_exp(finite_at, guess=guess)
+
+
+def start_scale(exp: int | None) -> float:
+    """The scale a run starts with, one halving below the largest finite one (1 when even 1 overflows)."""
+    return 1.0 if exp is None else float(2 ** max(exp - MARGIN_EXP, 0))
+
+
+def scale_reason(scale: float, exp: int | None) -> str:
+    found = f"finite up to 2^{exp}" if exp is not None else "not finite even at scale 1"
+    return f"loss scale starts at {scale:g}: the first batch's float16 gradients are {found}"
+
+
 def probe_loss_scale(
     net: nn.Module,
     forward: Callable[[torch.Tensor], Any],
@@ -69,25 +150,10 @@ def probe_loss_scale(
     agree_min: Callable[[float], float] = lambda x: x,
 ) -> tuple[float, int | None]:
     """-> (the scale to start with, the largest finite exponent found). `forward(img)` runs the train net under
-    the step's autocast; `inputs` are the tensors whose gradients the optimizer will see (the float16 weight
-    stand-ins, or the parameters). Under DDP `agree` makes every rank take the same bisection path (finite on
-    all ranks): SyncBatchNorm's backward is a collective, so the ranks must run the same backward passes."""
+    the step's autocast; `inputs` as for ScaleSearch.search. BatchNorm buffers are restored afterwards."""
     buffers = [(b, b.clone()) for b in net.buffers()]
-    # float16 overflows first in activation gradients, which the optimizer never sees: each module's float16
-    # output records its gradient's peak during the pass at scale 1, so the first guess is usually exact
-    act_peaks: list[torch.Tensor] = []
-    recording = [True]
-
-    def record(g: torch.Tensor) -> None:
-        if recording[0]:
-            act_peaks.append(g.detach().abs().amax().float())
-
-    def on_output(_module: nn.Module, _inputs: Any, out: Any) -> None:
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype == torch.float16:
-                t.register_hook(record)
-
-    hooks = [m.register_forward_hook(on_output) for m in net.modules()]
+    probe = ScaleSearch(agree, agree_min)
+    hooks = probe.watch(net)
     try:
         try:
             outputs = forward(img)
@@ -95,42 +161,12 @@ def probe_loss_scale(
             for h in hooks:
                 h.remove()
         loss, _ = loss_fn(outputs, targets, mask, (img.shape[1], img.shape[2]), batch_scale)
-
-        peak: list[float] = []
-
-        def finite_at(e: int) -> bool:
-            grads = [
-                g
-                for g in torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True)
-                if g is not None
-            ]
-            recording[0] = False
-            if not grads:
-                return agree(True)
-            # the largest |gradient|: one multi-tensor kernel (an inf or NaN anywhere makes it non-finite)
-            top = torch.stack([n.float() for n in torch._foreach_norm(grads, math.inf)]).amax()
-            if e == 0 and act_peaks:
-                top = torch.maximum(top, torch.stack(act_peaks).amax())
-            top_v = top.item()  # one host read per pass
-            if e == 0:
-                peak.append(top_v)
-            return agree(math.isfinite(top_v))
-
-        def guess() -> int:
-            """The exponent at which the largest gradient seen at scale 1 (weights and module outputs) would just
-            stay under float16's max: agreed by every rank (the smallest)."""
-            top = peak[0] if peak else 0.0
-            e = int(math.floor(math.log2(FP16_MAX / top))) if top > 0 else MAX_EXP
-            return int(agree_min(e))
-
-        exp = largest_finite_exp(finite_at, guess=guess)
+        exp = probe.search(loss, inputs)
     finally:
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)
-    if exp is None:
-        return 1.0, None
-    return float(2 ** max(exp - MARGIN_EXP, 0)), exp
+    return start_scale(exp), exp
 
 
 def set_start_scale(scaler: torch.amp.GradScaler, scale: float) -> None:
@@ -143,10 +179,20 @@ def set_start_scale(scaler: torch.amp.GradScaler, scale: float) -> None:
         scaler._init_scale = scale
 
 
-def start_loss_scale(s: TrainSetup, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[float, str]:
+def start_loss_scale(
+    e: EagerStep,
+    train_net: nn.Module,
+    scaler: torch.amp.GradScaler,
+    dist: DistContext,
+    device: torch.device,
+    img: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[float, str]:
     """float16: start the run's scaler at the largest loss scale the first batch's gradients fit under, the same
-    on every rank, instead of losing the first optimizer steps to GradScaler's back-off. -> (scale, why)."""
-    e = s.eager
+    on every rank, instead of losing the first optimizer steps to GradScaler's back-off. -> (scale, why). The
+    setup's kernel warm-up usually reads it off the same batch first (engine/warmup.py); this runs where it did
+    not (DDP, cuDNN timing on, a resumed run's hook)."""
     forward: Callable[[torch.Tensor], object]
     if e.flat is not None:
         forward, inputs = e.forward, list(e.flat.proxies.values())
@@ -154,12 +200,12 @@ def start_loss_scale(s: TrainSetup, img: torch.Tensor, targets: torch.Tensor, ma
 
         def plain_forward(x: torch.Tensor) -> object:
             with torch.autocast(x.device.type, dtype=e.autocast_dtype):
-                return s.train_net(normalize(x, e.channels_last))
+                return train_net(normalize(x, e.channels_last))
 
         forward = plain_forward
-        inputs = [p for p in s.train_net.parameters() if p.requires_grad]
+        inputs = [p for p in train_net.parameters() if p.requires_grad]
     scale, exp = probe_loss_scale(
-        s.train_net,
+        train_net,
         forward,
         e.loss_fn,
         inputs,
@@ -167,9 +213,8 @@ def start_loss_scale(s: TrainSetup, img: torch.Tensor, targets: torch.Tensor, ma
         targets,
         mask,
         e.batch_scale,
-        agree=lambda finite: s.dist.min(float(finite), s.device) > 0,
-        agree_min=lambda x: s.dist.min(x, s.device),
+        agree=lambda finite: dist.min(float(finite), device) > 0,
+        agree_min=lambda x: dist.min(x, device),
     )
-    set_start_scale(s.scaler, scale)
-    found = f"finite up to 2^{exp}" if exp is not None else "not finite even at scale 1"
-    return scale, f"loss scale starts at {scale:g}: the first batch's float16 gradients are {found}"
+    set_start_scale(scaler, scale)
+    return scale, scale_reason(scale, exp)

@@ -8,6 +8,7 @@ hook and opens the next pass there. Shared by the setup, which opens the first p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from libreyolo.config import TrainConfig
@@ -41,3 +42,22 @@ def open_pass(
     until = next((e for e in range(epoch + 1, cfg.epochs) if hook_due(cfg, hooks, e, start_epoch)), cfg.epochs)
     sampler.set_span([(e, mosaic_on(cfg, e)) for e in range(epoch, until)], start)
     return iter(loader), until
+
+
+class Peekable(Iterator[Any]):
+    """A loader pass whose first batch can be read ahead (the setup's kernel warm-up runs on the run's first batch)
+    and is still the first one next() returns. A staged batch stays valid until the pass is asked for the next one
+    (data/staging.py), which only the trainer does, after its first step has copied the batch to the device."""
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+        self._ahead: list[Any] = []
+
+    def peek(self) -> Any:
+        """The first batch, without taking it (raises StopIteration for an empty pass)."""
+        if not self._ahead:
+            self._ahead.append(next(self._it))
+        return self._ahead[0]
+
+    def __next__(self) -> Any:
+        return self._ahead.pop() if self._ahead else next(self._it)

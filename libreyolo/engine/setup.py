@@ -37,6 +37,7 @@ from libreyolo.engine.bytecode import uncached_bytecode_note
 from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
 from libreyolo.engine.components import build_step_parts, overlap_wanted
 from libreyolo.engine.ema import ModelEMA
+from libreyolo.engine.lossscale import ScaleSearch, scale_reason, set_start_scale, start_loss_scale
 from libreyolo.engine.meters import LossMeter
 from libreyolo.engine.rundir import increment_run_dir, write_args
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
@@ -101,6 +102,7 @@ class TrainSetup:
     world_size: int = 1
     dist: DistContext = field(default_factory=DistContext)
     t_start: float = field(default_factory=time.time)
+    warm_scale: tuple[float, int | None] | None = None  # the warm-up's float16 start scale and exponent, once joined
 
     @property
     def last_path(self) -> Path:
@@ -156,11 +158,22 @@ class TrainSetup:
 
     def join_kernel_warmup(self) -> None:
         """The kernel warm-up's end (engine/warmup.py): its backward, which no graph capture may run beside. What
-        failed, if it did, becomes a setup note (once)."""
+        failed, if it did, becomes a setup note (once); the start loss scale it found is kept in warm_scale."""
         warmup, self.kernel_warmup = self.kernel_warmup, None
         if warmup is not None:
             warmup.join()
             self.notes += [warmup.failure] if warmup.failure else []
+            self.warm_scale = warmup.scale
+
+    def start_scale(self, img: torch.Tensor | None, targets: torch.Tensor | None, mask: Any) -> tuple[float, str]:
+        """A new float16 run's start loss scale, set on the scaler: the warm-up's, read off the first batch, or
+        (where it found none) the probe's on this first batch (engine/lossscale.py). -> (scale, why)."""
+        if self.warm_scale is not None:
+            scale, exp = self.warm_scale
+            set_start_scale(self.scaler, scale)
+            return scale, scale_reason(scale, exp)
+        assert img is not None and targets is not None  # only the warm-up's scale is set before the first batch
+        return start_loss_scale(self.eager, self.train_net, self.scaler, self.dist, self.device, img, targets, mask)
 
     def close(self) -> None:
         self.join_kernel_warmup()  # a run that failed before its first step may still be warming up
@@ -261,9 +274,10 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     # the first loader pass starts now: its workers decode the first batches while the network, optimizer and
     # step are built (unless a family hook is due first; the trainer opens that pass after the hook)
     start_epoch, start_step = (int(ckpt["epoch"]), int(ckpt["step"])) if ckpt is not None else (0, 0)
-    first_pass = None
+    first_pass, first = None, None
     if not passes.hook_due(cfg, family.hooks, start_epoch, start_epoch):
-        first_pass = passes.open_pass(cfg, family.hooks, sampler, tl, start_epoch, start_epoch, start_step)
+        it, until = passes.open_pass(cfg, family.hooks, sampler, tl, start_epoch, start_epoch, start_step)
+        first_pass = first, _ = passes.Peekable(it), until
         undo.append(lambda: release_workers(tl))
     torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 
@@ -274,7 +288,10 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     wrapped = dist.world_size > 1 and not graphs
     warmup = None
     if warmup_wanted(device, dist.world_size, torch.backends.cudnn.benchmark):  # beside the rest of the setup
-        warmup = KernelWarmup(lambda: tl.collate_fn([train_ds[0]] * batch_per_rank), family.loss(net, cfg), device)
+        # on the run's first batch, which also gives a new float16 run its start loss scale (engine/lossscale.py)
+        make_batch = first.peek if first is not None else lambda: tl.collate_fn([train_ds[0]] * batch_per_rank)
+        search = ScaleSearch() if amp.scaler and ckpt is None and first is not None else None
+        warmup = KernelWarmup(make_batch, family.loss(net, cfg), device, search)
         undo.append(warmup.join)
     parts = build_step_parts(
         family,

@@ -16,7 +16,6 @@ from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
 from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far, load_weights
 from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
-from libreyolo.engine.lossscale import start_loss_scale
 from libreyolo.engine.meters import Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
@@ -101,6 +100,8 @@ class Trainer:
             for msg in s.notes:
                 self.emit(ev.WarningEvent(msg, code="setup"))
             self._probe_scale = s.amp.scaler and not s.resumed
+            if self._probe_scale and s.warm_scale is not None:  # the warm-up read it off the first batch
+                self._start_loss_scale(None, None, None)
             if self.cfg.profile:
                 from libreyolo.profiler import attach  # imported only when asked: profile=false costs nothing
 
@@ -221,10 +222,10 @@ class Trainer:
             if self.stop_requested:
                 break
 
-    def _start_loss_scale(self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> None:
-        """float16: the run's start loss scale, read off the first batch (engine/lossscale.py), in one amp event."""
+    def _start_loss_scale(self, img: torch.Tensor | None, targets: torch.Tensor | None, mask: Any) -> None:
+        """float16: the run's start loss scale (TrainSetup.start_scale), in one amp event."""
         self._probe_scale = False
-        scale, reason = start_loss_scale(self.s, img, targets, mask)
+        scale, reason = self.s.start_scale(img, targets, mask)
         amp = ev.Amp(
             enabled=True, dtype=self.s.amp.dtype, scaler=True, scale=scale, skipped_steps=0, epoch=None, reason=reason
         )

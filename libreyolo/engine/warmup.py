@@ -3,9 +3,12 @@
 A CUDA process's first pass costs ~1.1-1.4 s more than its next ones (H200, LibreYOLO9t, batch 16, 640 px,
 float16: benchmarks/first_pass.py, docs/performance.md): cuDNN builds an execution plan per convolution shape,
 and kernels load on first use; the first call of a detection loss loads its own kernels too. As soon as the train
-net is on the GPU, the setup runs one forward and loss of a copy of it, on a batch of the training set's first image
-repeated, on its own thread, then that pass's backward in a thread while it builds the optimizer, EMA, step runner
-and validation. Why split so:
+net is on the GPU, the setup runs one forward and loss of a copy of it on its own thread, then that pass's backward
+in a thread while it builds the optimizer, EMA, step runner and validation. The batch is the run's first one, read
+ahead from the loader's first pass (engine/passes.Peekable), or, where the setup opened no pass, the training set's
+first image repeated. A new float16 run's start loss scale is read off that first batch here: the backward is then
+the scale search's passes (engine/lossscale.py), and the main thread no longer runs them before the first step.
+Why split so:
 - cuDNN caches execution plans per thread: the forward's plans serve only the thread that built them, and the
   run's own forward runs on the setup's thread. The backward's plans are built and cached in autograd's device
   thread, which every backward shares, whichever thread started it.
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.engine.lossscale import ScaleSearch, start_scale
 from libreyolo.engine.step import feed_targets, train_forward
 from libreyolo.families import LossFn
 
@@ -50,10 +54,15 @@ class KernelWarmup:
         make_batch: Callable[[], dict[str, Any]],
         loss_fn: LossFn,
         device: torch.device,
+        scale_search: ScaleSearch | None = None,
     ):
         """make_batch() -> a collated training batch (img, targets, mask), called by start(); loss_fn: a loss
-        object of the warm-up's own (losses may cache per shape)."""
+        object of the warm-up's own (losses may cache per shape). scale_search: given when make_batch returns the
+        run's first batch and the run starts its float16 loss scale from it (engine/lossscale.py): the pass's
+        backward is then that search's passes, and `scale` holds what it found."""
         self.make_batch, self.loss_fn, self.device = make_batch, loss_fn, device
+        self.scale_search = scale_search
+        self.scale: tuple[float, int | None] | None = None  # (start scale, largest finite exponent), once found
         self.error: BaseException | None = None
         self.seconds: float | None = None  # from start() to the backward's end, once it has ended
         self._thread: threading.Thread | None = None
@@ -77,13 +86,20 @@ class KernelWarmup:
         self._kept = memo.get(id(keep)) if keep is not None else None
         cuda = self.device.type == "cuda"
         devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
+        hooks = self.scale_search.watch(replica) if self.scale_search is not None else []
         try:
             with torch.random.fork_rng(devices=devices):
                 loss = self._forward(replica, autocast_dtype, channels_last, batch_scale)
         except Exception as e:  # noqa: BLE001  (recorded: `failure` words it after join())
             self.error, self.seconds = e, time.perf_counter() - t
             return
-        self._thread = threading.Thread(target=self._backward, args=(loss, t), name="libreyolo-warmup", daemon=True)
+        finally:
+            for h in hooks:
+                h.remove()
+        inputs = [p for p in replica.parameters() if p.requires_grad]
+        self._thread = threading.Thread(
+            target=self._backward, args=(loss, inputs, t), name="libreyolo-warmup", daemon=True
+        )
         self._thread.start()
 
     def join(self) -> None:
@@ -125,9 +141,15 @@ class KernelWarmup:
         loss, _ = self.loss_fn(outputs, targets, mask, imgsz, scale)
         return loss
 
-    def _backward(self, loss: torch.Tensor, t: float) -> None:
+    def _backward(self, loss: torch.Tensor, inputs: list[torch.Tensor], t: float) -> None:
         try:
-            loss.backward()
+            if self.scale_search is not None:
+                # the copy's gradients are the train net's at its first step: the same weights (float32 here,
+                # cast under autocast, where the step has float16 stand-ins of equal values) and the same batch
+                exp = self.scale_search.search(loss, inputs)
+                self.scale = (start_scale(exp), exp)
+            else:
+                loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the pass's kernels ran before the thread counts as done
         except Exception as e:  # noqa: BLE001  (recorded: `failure` words it after join())
