@@ -149,13 +149,16 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
     deadline = time.time() + 120
     try:
         while time.time() < deadline:
-            if events.exists() and any(
-                e["type"] == "step" and e["epoch"] >= 1 and e["step"] >= 2 for e in read_events(events)
+            seen = list(read_events(events)) if events.exists() else []
+            # mid-epoch 2, once epoch 1's last.pt has landed (its writer thread may still be busy after the
+            # epoch's first steps on a loaded machine; the checkpoint event is emitted when the file is in place)
+            if any(e["type"] == "checkpoint" and e["kind"] == "last" and e["epoch"] >= 1 for e in seen) and any(
+                e["type"] == "step" and e["epoch"] >= 1 and e["step"] >= 2 for e in seen
             ):
                 break
             time.sleep(0.05)
         else:
-            pytest.fail("the run never reached epoch 2")
+            pytest.fail("the run never reached epoch 2 with epoch 1's last.pt written")
         os.kill(p.pid, signal.SIGKILL)
     finally:
         p.wait(timeout=30)
