@@ -4,7 +4,8 @@
     python benchmarks/start_trace.py --report OUT.json [MIN_SPAN_S]
 
 Runs the command as `libreyolo train` does (the CUDA driver's start begun before torch is imported), and records:
-- marks: the wall time of the imports and of the setup's and the warm-up's calls, per thread, from T_LAUNCH (the
+- marks: the wall time of the imports and of the setup's and the warm-up's calls (epoch_trace.timer's wrappers),
+  per thread, from T_LAUNCH (the
   shell's clock just before it started Python; the process's own start if unset);
 - every 2 ms, each Python thread's innermost frame and innermost libreyolo frame. A gap in the samples means a
   thread held the interpreter lock (a C call that does not let go of it: importing a library, a CUDA call).
@@ -12,7 +13,6 @@ Runs the command as `libreyolo train` does (the CUDA driver's start begun before
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -71,24 +71,14 @@ def trace(out: str, args: list[str]) -> None:
     import libreyolo.engine.trainer  # noqa: F401
 
     marks.append(("import libreyolo's command and trainer", t, time.time() - t, "MainThread"))
+    from epoch_trace import timer  # this folder is on sys.path when run as a script; it imports torch itself
+
     from libreyolo import model
     from libreyolo.distributed import context
     from libreyolo.engine import lossscale, passes, setup, trainer, warmup
 
-    def wrap(owner: Any, name: str) -> None:
-        f = getattr(owner, name)
-        label = f"{getattr(owner, '__name__', owner)}.{name}"
-
-        @functools.wraps(f)
-        def timed(*a: Any, **k: Any) -> Any:
-            t = time.time()
-            try:
-                return f(*a, **k)
-            finally:
-                marks.append((label, t, time.time() - t, threading.current_thread().name))
-
-        setattr(owner, name, timed)
-
+    timed: list[tuple[str, float, float, str]] = []  # perf_counter starts, turned into wall times below
+    wrap = timer(timed)
     for owner, name in [
         (model.LibreYOLO, "__init__"),
         (context, "start"),
@@ -118,6 +108,8 @@ def trace(out: str, args: list[str]) -> None:
     trainer.Trainer.emit = emitted  # type: ignore[method-assign]
     rc = cli_main.main(["train", *args])
     sampler.stop()
+    to_wall = time.time() - time.perf_counter()
+    marks += [(label, a + to_wall, d, n) for label, a, d, n in timed]
     rows = [(label, round(a - T0, 4), round(d, 4), n) for label, a, d, n in marks]
     with open(out, "w") as fh:
         json.dump({"rc": rc, "marks": rows, "samples": sampler.samples}, fh)
