@@ -277,7 +277,8 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     first_pass, first = None, None
     if not passes.hook_due(cfg, family.hooks, start_epoch, start_epoch):
         it, until = passes.open_pass(cfg, family.hooks, sampler, tl, start_epoch, start_epoch, start_step)
-        first_pass = first, _ = passes.Peekable(it), until
+        first = passes.Peekable(it)
+        first_pass = first, until
         undo.append(lambda: release_workers(tl))
     torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, nb * cfg.epochs)
 
