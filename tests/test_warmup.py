@@ -83,6 +83,71 @@ def test_the_forward_and_loss_run_here_and_the_backward_in_the_thread():
     assert where["backward"] is not threading.current_thread() and where["backward"].name == "libreyolo-warmup"
 
 
+def test_the_loss_runs_beside_the_network_forward_on_example_outputs():
+    """A family with example outputs: the loss's first call runs in a thread of its own on them, with the batch's
+    targets, and ends before the real loss; the run's random stream and the net stay untouched."""
+    import threading
+
+    seen: list[tuple[str, tuple[int, ...], torch.dtype, bool]] = []
+
+    def loss_fn(outputs, targets, mask, imgsz, scale):
+        seen.append(
+            (threading.current_thread().name, tuple(outputs[0].shape), outputs[0].dtype, targets is batch["targets"])
+        )
+        loss = outputs[0].float().square().mean() * scale
+        return loss, loss.detach()[None]
+
+    def example(train, b, imgsz, dtype, device):
+        assert isinstance(train, Dropping) and device == torch.device("cpu")
+        return (torch.randn(b, 4, imgsz[0] - 2, imgsz[1] - 2, dtype=dtype, requires_grad=True),)
+
+    batch = _batch(2, 16)
+    torch.manual_seed(3)
+    net = Dropping().train()
+    rng = torch.get_rng_state()
+    w = KernelWarmup(lambda: batch, loss_fn, torch.device("cpu"), loss_beside=(loss_fn, example))
+    w.start(net, None, False, 1.0)
+    w.join()
+    assert w.error is None
+    assert seen == [
+        ("libreyolo-warmup-loss", (2, 4, 14, 14), torch.float32, True),
+        (threading.current_thread().name, (2, 4, 14, 14), torch.float32, True),
+    ]
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_a_failing_loss_beside_leaves_the_pass_to_the_real_loss():
+    def example(*a):
+        raise RuntimeError("no example")
+
+    w = KernelWarmup(lambda: _batch(2, 16), _sum_loss, torch.device("cpu"), loss_beside=(_sum_loss, example))
+    w.start(Dropping().train(), None, False, 1.0)
+    w.join()
+    assert w.error is None and w.failure is None
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_a_family_s_example_outputs_are_shaped_as_its_train_net_s_forward(dtype):
+    """Every family that declares example outputs: the same structure, shapes and dtype as a real training forward
+    (a non-square input, with and without autocast)."""
+    from libreyolo.config import TrainConfig
+    from libreyolo.families import families
+
+    declared = [f for f in families().values() if f.example_outputs is not None]
+    assert declared, "no family declares example_outputs"
+    img = torch.randint(0, 255, (2, 96, 64, 3), dtype=torch.uint8)
+    for fam in declared:
+        cfg = TrainConfig.from_overrides({"model": fam.prefix + fam.sizes[0], "imgsz": 96})
+        train = fam.train_net(fam.build(fam.sizes[0], 3), cfg).train()
+        real = train_forward(train, img, dtype, False)
+        example = fam.example_outputs(train, 2, (96, 64), dtype or torch.float32, torch.device("cpu"))
+        real_t = real if isinstance(real, (tuple, list)) else (real,)
+        example_t = example if isinstance(example, (tuple, list)) else (example,)
+        assert [(tuple(t.shape), t.dtype) for t in example_t] == [(tuple(t.shape), t.dtype) for t in real_t], fam.name
+        assert all(t.requires_grad and t.is_leaf for t in example_t), fam.name
+
+
 class HalfOut(nn.Module):
     """float32 weights, float16 outputs whose gradients overflow float16 above some loss scale."""
 
@@ -205,12 +270,22 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
         m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "name": name, "epochs": 1, "seed": 1})
         return load_checkpoint(tmp_path / name / "weights" / "last.pt")["model"]
 
+    beside = []
+    orig_beside = KernelWarmup._loss_beside
+
+    def counted_beside(self, *a):
+        thread = orig_beside(self, *a)
+        beside.append(thread)
+        return thread
+
     plain = run("plain")
     monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
     monkeypatch.setattr(KernelWarmup, "_forward", counted)
+    monkeypatch.setattr(KernelWarmup, "_loss_beside", counted_beside)
     monkeypatch.setattr(EagerStep, "__call__", step)
     warmed = run("warmed")
     assert passes == [True]
+    assert len(beside) == 1 and beside[0] is not None  # YOLOv9's loss also ran beside the forward
     assert torch.equal(warm_imgs[0], step_imgs[0])  # the warm-up ran on the run's first batch (read ahead)
     for k in plain:
         torch.testing.assert_close(warmed[k], plain[k], rtol=0, atol=0, msg=k)

@@ -292,7 +292,8 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
         # on the run's first batch, which also gives a new float16 run its start loss scale (engine/lossscale.py)
         make_batch = first.peek if first is not None else lambda: tl.collate_fn([train_ds[0]] * batch_per_rank)
         search = ScaleSearch() if amp.scaler and ckpt is None and first is not None else None
-        warmup = KernelWarmup(make_batch, family.loss(net, cfg), device, search)
+        beside = (family.loss(net, cfg), family.example_outputs) if family.example_outputs is not None else None
+        warmup = KernelWarmup(make_batch, family.loss(net, cfg), device, search, beside)
         undo.append(warmup.join)
     parts = build_step_parts(
         family,

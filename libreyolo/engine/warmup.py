@@ -8,6 +8,8 @@ in a thread while it builds the optimizer, EMA, step runner and validation. The 
 ahead from the loader's first pass (engine/passes.Peekable), or, where the setup opened no pass, the training set's
 first image repeated. A new float16 run's start loss scale is read off that first batch here: the backward is then
 the scale search's passes (engine/lossscale.py), and the main thread no longer runs them before the first step.
+Where the family gives example outputs (Family.example_outputs), the loss's own first call runs on them in another
+thread while the network's forward runs, so that its kernels load beside the network's.
 Why split so:
 - cuDNN caches execution plans per thread: the forward's plans serve only the thread that built them, and the
   run's own forward runs on the setup's thread. The backward's plans are built and cached in autograd's device
@@ -37,7 +39,7 @@ from torch import nn
 
 from libreyolo.engine.lossscale import ScaleSearch, start_scale
 from libreyolo.engine.step import feed_targets, train_forward
-from libreyolo.families import LossFn
+from libreyolo.families import ExampleOutputs, LossFn
 
 
 def warmup_wanted(device: torch.device, world_size: int, cudnn_benchmark: bool) -> bool:
@@ -55,13 +57,17 @@ class KernelWarmup:
         loss_fn: LossFn,
         device: torch.device,
         scale_search: ScaleSearch | None = None,
+        loss_beside: tuple[LossFn, ExampleOutputs] | None = None,
     ):
         """make_batch() -> a collated training batch (img, targets, mask), called by start(); loss_fn: a loss
         object of the warm-up's own (losses may cache per shape). scale_search: given when make_batch returns the
         run's first batch and the run starts its float16 loss scale from it (engine/lossscale.py): the pass's
-        backward is then that search's passes, and `scale` holds what it found."""
+        backward is then that search's passes, and `scale` holds what it found. loss_beside: (another loss
+        object, the family's example_outputs): the loss's first forward and backward then run on example outputs
+        in a thread while the network's first forward runs (_loss_beside)."""
         self.make_batch, self.loss_fn, self.device = make_batch, loss_fn, device
         self.scale_search = scale_search
+        self.loss_beside = loss_beside
         self.scale: tuple[float, int | None] | None = None  # (start scale, largest finite exponent), once found
         self.error: BaseException | None = None
         self.seconds: float | None = None  # from start() to the backward's end, once it has ended
@@ -137,9 +143,44 @@ class KernelWarmup:
         targets, mask = batch["targets"].to(self.device), batch["mask"].to(self.device)
         imgsz = (img.shape[1], img.shape[2])
         feed_targets(net, targets, mask, imgsz)
-        outputs = train_forward(net, img, autocast_dtype, channels_last)
+        beside = self._loss_beside(net, img.shape[0], imgsz, autocast_dtype or torch.float32, targets, mask, scale)
+        try:
+            outputs = train_forward(net, img, autocast_dtype, channels_last)
+        finally:
+            if beside is not None:
+                beside.join()
         loss, _ = self.loss_fn(outputs, targets, mask, imgsz, scale)
         return loss
+
+    def _loss_beside(
+        self,
+        net: nn.Module,
+        batch: int,
+        imgsz: tuple[int, int],
+        dtype: torch.dtype,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float,
+    ) -> threading.Thread | None:
+        """Starts the loss's first forward and backward, on the family's example outputs and the batch's own
+        targets, in a thread: a loss's first call loads dozens of kernels (YOLOv9's: 0.45-0.54 s on the H200),
+        and two threads' first calls overlap, so they load while this thread's network forward loads its own
+        (the process's first forward, loss and backward: 1.07-1.34 s instead of 1.33-1.71 s, docs/performance.md).
+        Joined before the real loss, inside start()'s fork_rng; a failure here is left to the real loss."""
+        if self.loss_beside is None:
+            return None
+        loss_fn, example = self.loss_beside
+
+        def run() -> None:
+            try:
+                outputs = example(net, batch, imgsz, dtype, self.device)
+                loss_fn(outputs, targets, mask, imgsz, scale)[0].backward()
+            except Exception:  # noqa: BLE001,S110  (the real loss, next, raises what is wrong)
+                pass
+
+        thread = threading.Thread(target=run, name="libreyolo-warmup-loss", daemon=True)
+        thread.start()
+        return thread
 
     def _backward(self, loss: torch.Tensor, inputs: list[torch.Tensor], t: float) -> None:
         try:

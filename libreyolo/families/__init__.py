@@ -27,6 +27,7 @@ _BUILTIN = (
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # DDP's all-reduce of the loss normaliser
+ExampleOutputs = Callable[[nn.Module, int, tuple[int, int], torch.dtype, torch.device], Any]  # Family.example_outputs
 N = TypeVar("N", bound=nn.Module)
 
 
@@ -120,6 +121,10 @@ class Family:
     param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None  # None: engine.optim.param_groups
     schedule: ScheduleFn | None = None  # None: engine.optim.apply_schedule (warm-up, then linear or cosine)
     hooks: dict[str, Callable[[Any], None]] = field(default_factory=dict)  # e.g. on_mosaic_close(trainer)
+    # (train net, batch, imgsz, dtype, device) -> random tensors shaped as the train net's training forward returns
+    # them, requiring grad: the kernel warm-up runs the loss on them in a thread of its own while the network's
+    # first forward runs (engine/warmup.py). None: the loss's first call follows the forward.
+    example_outputs: ExampleOutputs | None = None
 
     @property
     def supports_full_graph(self) -> bool:

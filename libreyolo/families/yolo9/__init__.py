@@ -32,6 +32,18 @@ def train_net(net: nn.Module, cfg: Any) -> TrainNet:
     return TrainNet(own(net, YOLO9), aux=bool(cfg.aux))
 
 
+def example_outputs(
+    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Random raw outputs of the main (and auxiliary) head: (batch, 4 * reg_max + nc, anchors) each."""
+    t = own(train, TrainNet)
+    anchors = sum(h * w for h, w in t.net.feature_shapes(*imgsz))
+    shape = (batch, 4 * t.net.reg_max + t.net.nc, anchors)
+    g = torch.Generator(device).manual_seed(0)  # not the run's generators: this runs beside the setup
+    heads = 1 if t.aux is None else 2
+    return tuple(torch.randn(shape, generator=g, device=device, dtype=dtype, requires_grad=True) for _ in range(heads))
+
+
 class Yolo9Loss:
     """Main head loss plus aux_weight times the auxiliary head's loss; logged terms are the main head's."""
 
@@ -76,6 +88,7 @@ FAMILY = register(
         capture=WHOLE_NET,
         supports_ddp=True,
         defaults={"amp": True, "sync_bn": True},
+        example_outputs=example_outputs,
     )
 )
 
