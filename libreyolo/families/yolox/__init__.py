@@ -52,6 +52,16 @@ def train_net(net: nn.Module, cfg: Any) -> nn.Module:
     return net  # no training-only heads: the step runs the detector itself
 
 
+def example_outputs(
+    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Random raw head outputs: (batch, anchors, 5 + nc)."""
+    net = own(train, YOLOX)
+    anchors = sum(h * w for h, w in net.feature_shapes(*imgsz))
+    g = torch.Generator(device).manual_seed(0)  # not the run's generators: this runs beside the setup
+    return torch.randn((batch, anchors, 5 + net.nc), generator=g, device=device, dtype=dtype, requires_grad=True)
+
+
 def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> YOLOXLoss:
     net = own(net, YOLOX)
     # a config built for another family (`model.val()` builds one without the model's family) has no YOLOX
@@ -119,6 +129,7 @@ FAMILY = register(
         defaults=DEFAULTS,
         schedule=schedule,
         hooks={"on_mosaic_close": on_mosaic_close},
+        example_outputs=example_outputs,
     )
 )
 
