@@ -135,7 +135,7 @@ def test_a_family_s_example_outputs_are_shaped_as_its_train_net_s_forward(dtype)
     from libreyolo.families import families
 
     declared = [f for f in families().values() if f.example_outputs is not None]
-    assert {"yolo9", "yolox"} <= {f.name for f in declared}
+    assert {"yolo9", "yolox", "resnet", "mnv4"} <= {f.name for f in declared}
     img = torch.randint(0, 255, (2, 96, 64, 3), dtype=torch.uint8)
     for fam in declared:
         cfg = TrainConfig.from_overrides({"model": fam.prefix + fam.sizes[0], "imgsz": 96})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from libreyolo import keys as K
@@ -44,6 +45,15 @@ def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> C
     return ClassifyLoss(float(ls) if ls is not None else float(KEYS[0].default))
 
 
+def example_outputs(
+    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Random class logits: (batch, nc)."""
+    g = torch.Generator(device).manual_seed(0)  # not the run's generators: this runs beside the setup
+    nc = int(getattr(train, "nc"))  # noqa: B009  (nn.Module types its attributes Tensor | Module)
+    return torch.randn((batch, nc), generator=g, device=device, dtype=dtype, requires_grad=True)
+
+
 def _family(name: str, prefix: str, sizes: tuple[str, ...], build: Any) -> Family:
     return register(
         Family(
@@ -60,6 +70,7 @@ def _family(name: str, prefix: str, sizes: tuple[str, ...], build: Any) -> Famil
             capture=WHOLE_NET,
             supports_ddp=True,
             defaults=DEFAULTS,
+            example_outputs=example_outputs,
         )
     )
 
