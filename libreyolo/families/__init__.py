@@ -31,6 +31,13 @@ ExampleOutputs = Callable[[nn.Module, int, tuple[int, int], torch.dtype, torch.d
 N = TypeVar("N", bound=nn.Module)
 
 
+def random_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """For example_outputs: a random leaf tensor that requires grad, drawn from a generator of its own (the warm-up
+    makes it beside the setup, whose random streams must not move)."""
+    g = torch.Generator(device).manual_seed(0)
+    return torch.randn(shape, generator=g, device=device, dtype=dtype, requires_grad=True)
+
+
 def own(net: nn.Module, cls: type[N]) -> N:
     """The family's own network class, from the nn.Module the engine hands a family function."""
     if not isinstance(net, cls):

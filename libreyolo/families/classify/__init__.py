@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from libreyolo import keys as K
-from libreyolo.families import WHOLE_NET, Family, Reduce, register
+from libreyolo.families import WHOLE_NET, Family, Reduce, random_output, register
 from libreyolo.families.classify.head import ClassifyLoss, topk
 from libreyolo.families.classify.mnv4 import MobileNetV4ConvSmall
 from libreyolo.families.classify.resnet import ResNet18
@@ -49,9 +49,8 @@ def example_outputs(
     train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """Random class logits: (batch, nc)."""
-    g = torch.Generator(device).manual_seed(0)  # not the run's generators: this runs beside the setup
     nc = int(getattr(train, "nc"))  # noqa: B009  (nn.Module types its attributes Tensor | Module)
-    return torch.randn((batch, nc), generator=g, device=device, dtype=dtype, requires_grad=True)
+    return random_output((batch, nc), dtype, device)
 
 
 def _family(name: str, prefix: str, sizes: tuple[str, ...], build: Any) -> Family:

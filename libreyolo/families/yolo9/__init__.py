@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from libreyolo import keys as K
-from libreyolo.families import WHOLE_NET, Family, Reduce, own, register
+from libreyolo.families import WHOLE_NET, Family, Reduce, own, random_output, register
 from libreyolo.families.yolo9.loss import DetectionLoss
 from libreyolo.families.yolo9.network import SIZES, YOLO9, TrainNet
 from libreyolo.families.yolo9.postprocess import postprocess
@@ -39,9 +39,7 @@ def example_outputs(
     t = own(train, TrainNet)
     anchors = sum(h * w for h, w in t.net.feature_shapes(*imgsz))
     shape = (batch, 4 * t.net.reg_max + t.net.nc, anchors)
-    g = torch.Generator(device).manual_seed(0)  # not the run's generators: this runs beside the setup
-    heads = 1 if t.aux is None else 2
-    return tuple(torch.randn(shape, generator=g, device=device, dtype=dtype, requires_grad=True) for _ in range(heads))
+    return tuple(random_output(shape, dtype, device) for _ in range(1 if t.aux is None else 2))
 
 
 class Yolo9Loss:

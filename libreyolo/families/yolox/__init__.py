@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from libreyolo import keys as K
-from libreyolo.families import WHOLE_NET, Family, Reduce, own, register
+from libreyolo.families import WHOLE_NET, Family, Reduce, own, random_output, register
 from libreyolo.families.yolox.loss import YOLOXLoss
 from libreyolo.families.yolox.network import SIZES, YOLOX
 from libreyolo.families.yolox.postprocess import postprocess
@@ -58,8 +58,7 @@ def example_outputs(
     """Random raw head outputs: (batch, anchors, 5 + nc)."""
     net = own(train, YOLOX)
     anchors = sum(h * w for h, w in net.feature_shapes(*imgsz))
-    g = torch.Generator(device).manual_seed(0)  # not the run's generators: this runs beside the setup
-    return torch.randn((batch, anchors, 5 + net.nc), generator=g, device=device, dtype=dtype, requires_grad=True)
+    return random_output((batch, anchors, 5 + net.nc), dtype, device)
 
 
 def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> YOLOXLoss:
