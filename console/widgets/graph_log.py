@@ -142,6 +142,11 @@ class GraphLog(VerticalScroll):
         yield Static(id="graph-mode")
         yield Static(EMPTY, id="graph-body")
 
+    def watch_virtual_size(self) -> None:
+        # the newest events in view once the new content is laid out (the table grew, or the panel was shown at
+        # its full width): a scroll_end requested with the update itself could run before that layout
+        self.scroll_end(animate=False)
+
     def on_resize(self) -> None:
         if self._state is not None:
             self.show_state(self._state)
@@ -155,4 +160,3 @@ class GraphLog(VerticalScroll):
         self.query_one("#graph-mode", Static).update(Text(line))
         body = empty_hint(state) if not state.graphs else graph_table(state) if wide else graph_lines(state)
         self.query_one("#graph-body", Static).update(body)
-        self.call_after_refresh(self.scroll_end, animate=False)  # the newest events (once the new content is laid out)
