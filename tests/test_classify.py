@@ -127,10 +127,12 @@ def test_the_built_in_crops_are_made_once_into_the_cache(tmp_path, monkeypatch):
 
 
 def test_a_classifier_overfits_and_reports_top1_top5_everywhere(tmp_path, capsys):
-    data = image_folder(tmp_path / "data", per_class=4)
+    # four copies of each image: four full batches an epoch, 80 steps. Top-1 was 1.0 with seeds 0-3, on AVX-512
+    # and on AVX2 alone, whose float32 kernels round differently; one batch an epoch for 25 epochs reached only
+    # 0.625-0.875 on AVX-512
+    data = image_folder(tmp_path / "data", per_class=4, copies=4)
     m = LibreYOLO("LibreResNet18")
-    # one full batch per epoch: steady steps, and BatchNorm's running statistics (what validation uses) settle
-    best = m.train(data=str(data), project=str(tmp_path / "runs"), epochs=25, **OVERFIT)
+    best = m.train(data=str(data), project=str(tmp_path / "runs"), epochs=20, **OVERFIT)
     assert best["top1"] == 1.0 and best["top5"] == 1.0  # 2 classes: top-5 holds every class
     run = m.last_run
     events = list(read_events(run / "events.jsonl"))
@@ -155,7 +157,7 @@ def test_a_classifier_overfits_and_reports_top1_top5_everywhere(tmp_path, capsys
         "lr/pg1",
         "lr/pg2",
     ]
-    assert rows[1][0] == "25" and float(rows[1][3]) == 1.0
+    assert rows[1][0] == "20" and float(rows[1][3]) == 1.0
     out = capsys.readouterr().out
     assert "top1" in out and "top5" in out and "mAP50" not in out and "(no mosaic)" not in out
 
@@ -168,10 +170,10 @@ def test_a_classifier_overfits_and_reports_top1_top5_everywhere(tmp_path, capsys
     state = RunState()
     state.apply(events)
     assert state.metrics == ("top1", "top5") and state.labels == ("top1", "top5") and state.bad_lines == 0
-    assert state.best is not None and state.best.epoch == 24 and state.best.metrics["top1"] == 1.0
+    assert state.best is not None and state.best.epoch == 19 and state.best.metrics["top1"] == 1.0
     assert columns(state.terms, state.labels) == ("epoch", "ce", "top1", "top5", "time", "val", "img/s")
-    assert cells(state.rows[24], state.terms, metrics=state.metrics)[2:4] == ("1.000", "1.000")
-    assert MetricsPlot().data(state) == (("top1", "top5"), ((25, (1.0, 1.0)),))
+    assert cells(state.rows[19], state.terms, metrics=state.metrics)[2:4] == ("1.000", "1.000")
+    assert MetricsPlot().data(state) == (("top1", "top5"), ((20, (1.0, 1.0)),))
     listed = summarize(run, tmp_path / "runs")  # the run list: the headline metric, named (no mAP)
     assert listed.best_map == 1.0 and listed.best_label == "top1"
     from libreyolo_console.compare import CompareRun

@@ -18,10 +18,12 @@ from libreyolo.events import read_events, validate_event
 
 
 def test_tiny_model_overfits_a_handful_of_images(overfit_data, tmp_path):
+    # 80 epochs: seeds 0 and 3 reached mAP50 0.97-1.0 on AVX-512 and on AVX2 alone, whose float32 kernels round
+    # differently; after 50 epochs they stood at 0.64-0.92, depending on the trajectory
     m = LibreYOLO("LibreYOLO9t")
     metrics = m.train(
         data=str(overfit_data),
-        epochs=50,
+        epochs=80,
         imgsz=64,
         batch=8,
         nbs=8,
