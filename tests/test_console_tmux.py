@@ -30,7 +30,17 @@ class Tmux:
         return r.stdout
 
     def start(self, name: str, cmd: list[str]) -> None:
+        # a session that outlives the others keeps the server up: killing a console's session (the SSH drop) must
+        # not leave the next new-session racing the server's exit
+        if not self.exists("keep"):
+            self("new-session", "-d", "-s", "keep", "sleep 3600")
         self("new-session", "-d", "-s", name, "-x", "80", "-y", "24", " ".join(cmd))
+        # a console that exits at once leaves its last screen (a traceback) for wait() to report
+        self("set-option", "-t", name, "remain-on-exit", "on")
+
+    def exists(self, name: str) -> bool:
+        r = subprocess.run(["tmux", "-L", self.socket, "has-session", "-t", name], capture_output=True, env=self.env)
+        return r.returncode == 0
 
     def screen(self, name: str, joined: bool = False) -> str:
         """The pane's text; joined: lines the terminal wrapped are given back whole."""
@@ -44,7 +54,8 @@ class Tmux:
             if pred(text):
                 return text
             time.sleep(0.3)
-        pytest.fail(f"timed out waiting for {what}; the screen was:\n{text}")
+        state = "" if self.exists(name) else f" (tmux has no session {name!r})"
+        pytest.fail(f"timed out waiting for {what}{state}; the screen was:\n{text}")
 
     def keys(self, name: str, *keys: str, literal: bool = False) -> None:
         self("send-keys", "-t", name, *(["-l"] if literal else []), *keys)
@@ -181,8 +192,7 @@ def test_two_live_runs_outlive_the_console_and_each_reattaches_from_the_list(tin
         assert not _exists(console_pid), "the console survived its terminal"
         assert all(record_alive(r) for r in recs.values()), "a run died with the console's terminal"
 
-        tmux.start("second", console)  # the run list, both live
-        tmux("set-option", "-t", "second", "remain-on-exit", "on")  # keep what it prints after quitting
+        tmux.start("second", console)  # the run list, both live (what it prints after quitting stays on screen)
         tmux.wait("second", lambda s: len(re.findall(r"exp2? +live", s)) == 2, "both runs live in the list")
         seen = set()
         for row in range(2):
