@@ -4,8 +4,8 @@
 
 Run each mode in a fresh process. Both build the model's train net on the GPU and one batch of the built-in
 dataset, then time three passes (forward under float16 autocast and the loss, then the backward), each
-synchronised. beside: as the kernel warm-up does (engine/warmup.py), a thread runs the loss's forward and
-backward on the family's example outputs while the main thread runs the first network forward. --profile: the
+synchronised. beside: the kernel warm-up's own loss_beside (engine/warmup.py) runs the loss's forward and backward
+on the family's example outputs in a thread while the main thread runs the first network forward. --profile: the
 first and second passes' ops under torch.profiler (CPU), those whose self time grew most on the first pass.
 Prints the marks (seconds since launch) and one JSON line."""
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 
 T0 = time.perf_counter()
@@ -22,6 +21,7 @@ import torch  # noqa: E402  (timed)
 from libreyolo.bench.step import _batch_on_device  # noqa: E402
 from libreyolo.config import TrainConfig  # noqa: E402
 from libreyolo.engine.step import train_forward  # noqa: E402
+from libreyolo.engine.warmup import loss_beside  # noqa: E402
 from libreyolo.families import parse_model_name  # noqa: E402
 
 
@@ -53,19 +53,13 @@ def main() -> None:
     sync()
     marks["ready"] = time.perf_counter() - T0
     beside = None
-    if a.mode == "beside":
+    if a.mode == "beside":  # what the kernel warm-up starts beside its forward (engine/warmup.py)
         if family.example_outputs is None:
             raise SystemExit(f"{family.name} gives no example outputs")
-        example, side_loss = family.example_outputs, family.loss(net, cfg, None)
-
-        def run() -> None:
-            outs = example(train, a.batch, imgsz, dtype or torch.float32, dev)
-            side_loss(outs, data["targets"], data["mask"], imgsz, 1.0)[0].backward()
-            sync()
-            marks["loss_beside_done"] = time.perf_counter() - T0
-
-        beside = threading.Thread(target=run)
-        beside.start()
+        beside = loss_beside(
+            family.loss(net, cfg, None), family.example_outputs, train, a.batch, imgsz, dtype or torch.float32,
+            data["targets"], data["mask"], 1.0, dev,
+        )  # fmt: skip
     tables: list[dict[str, float]] = []
     for i in range(3):
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if a.profile and i < 2 else None
@@ -75,6 +69,8 @@ def main() -> None:
         if beside is not None:
             beside.join()
             beside = None
+            sync()
+            marks["loss_beside_joined"] = time.perf_counter() - T0
         loss = loss_fn(out, data["targets"], data["mask"], imgsz, 1.0)[0]
         sync()
         marks[f"forward_loss_{i + 1}"] = time.perf_counter() - T0

@@ -8,6 +8,7 @@ from torch import nn
 
 from libreyolo import LibreYOLO
 from libreyolo.engine import setup as setup_mod
+from libreyolo.engine import warmup as warmup_mod
 from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.engine.lossscale import MAX_EXP, ScaleSearch, probe_loss_scale
 from libreyolo.engine.passes import Peekable
@@ -271,17 +272,17 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
         return load_checkpoint(tmp_path / name / "weights" / "last.pt")["model"]
 
     beside = []
-    orig_beside = KernelWarmup._loss_beside
+    orig_beside = warmup_mod.loss_beside
 
-    def counted_beside(self, *a):
-        thread = orig_beside(self, *a)
+    def counted_beside(*a):
+        thread = orig_beside(*a)
         beside.append(thread)
         return thread
 
     plain = run("plain")
     monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
     monkeypatch.setattr(KernelWarmup, "_forward", counted)
-    monkeypatch.setattr(KernelWarmup, "_loss_beside", counted_beside)
+    monkeypatch.setattr(warmup_mod, "loss_beside", counted_beside)
     monkeypatch.setattr(EagerStep, "__call__", step)
     warmed = run("warmed")
     assert passes == [True]

@@ -50,6 +50,36 @@ def warmup_wanted(device: torch.device, world_size: int, cudnn_benchmark: bool) 
     return device.type == "cuda" and world_size == 1 and not cudnn_benchmark
 
 
+def loss_beside(
+    loss_fn: LossFn,
+    example: ExampleOutputs,
+    net: nn.Module,
+    batch: int,
+    imgsz: tuple[int, int],
+    dtype: torch.dtype,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    device: torch.device,
+) -> threading.Thread:
+    """Starts the loss's first forward and backward, on the family's example outputs for the train net `net` and the
+    batch's own targets, in a thread: a loss's first call loads dozens of kernels (YOLOv9's: 0.45-0.54 s on the
+    H200), and two threads' first calls overlap, so they load while the caller's network forward loads its own (the
+    process's first forward, loss and backward: 1.07-1.34 s instead of 1.33-1.71 s, docs/performance.md). The
+    caller joins it before its real loss; a failure here is left to that loss to report."""
+
+    def run() -> None:
+        try:
+            outputs = example(net, batch, imgsz, dtype, device)
+            loss_fn(outputs, targets, mask, imgsz, scale)[0].backward()
+        except Exception:  # noqa: BLE001,S110  (the real loss, next, raises what is wrong)
+            pass
+
+    thread = threading.Thread(target=run, name="libreyolo-warmup-loss", daemon=True)
+    thread.start()
+    return thread
+
+
 class KernelWarmup:
     def __init__(
         self,
@@ -64,7 +94,7 @@ class KernelWarmup:
         run's first batch and the run starts its float16 loss scale from it (engine/lossscale.py): the pass's
         backward is then that search's passes, and `scale` holds what it found. loss_beside: (another loss
         object, the family's example_outputs): the loss's first forward and backward then run on example outputs
-        in a thread while the network's first forward runs (_loss_beside)."""
+        in a thread while the network's first forward runs (loss_beside below)."""
         self.make_batch, self.loss_fn, self.device = make_batch, loss_fn, device
         self.scale_search = scale_search
         self.loss_beside = loss_beside
@@ -143,7 +173,10 @@ class KernelWarmup:
         targets, mask = batch["targets"].to(self.device), batch["mask"].to(self.device)
         imgsz = (img.shape[1], img.shape[2])
         feed_targets(net, targets, mask, imgsz)
-        beside = self._loss_beside(net, img.shape[0], imgsz, autocast_dtype or torch.float32, targets, mask, scale)
+        beside = None
+        if self.loss_beside is not None:
+            dtype = autocast_dtype or torch.float32
+            beside = loss_beside(*self.loss_beside, net, img.shape[0], imgsz, dtype, targets, mask, scale, self.device)
         try:
             outputs = train_forward(net, img, autocast_dtype, channels_last)
         finally:
@@ -151,36 +184,6 @@ class KernelWarmup:
                 beside.join()
         loss, _ = self.loss_fn(outputs, targets, mask, imgsz, scale)
         return loss
-
-    def _loss_beside(
-        self,
-        net: nn.Module,
-        batch: int,
-        imgsz: tuple[int, int],
-        dtype: torch.dtype,
-        targets: torch.Tensor,
-        mask: torch.Tensor,
-        scale: float,
-    ) -> threading.Thread | None:
-        """Starts the loss's first forward and backward, on the family's example outputs and the batch's own
-        targets, in a thread: a loss's first call loads dozens of kernels (YOLOv9's: 0.45-0.54 s on the H200),
-        and two threads' first calls overlap, so they load while this thread's network forward loads its own
-        (the process's first forward, loss and backward: 1.07-1.34 s instead of 1.33-1.71 s, docs/performance.md).
-        Joined before the real loss, inside start()'s fork_rng; a failure here is left to the real loss."""
-        if self.loss_beside is None:
-            return None
-        loss_fn, example = self.loss_beside
-
-        def run() -> None:
-            try:
-                outputs = example(net, batch, imgsz, dtype, self.device)
-                loss_fn(outputs, targets, mask, imgsz, scale)[0].backward()
-            except Exception:  # noqa: BLE001,S110  (the real loss, next, raises what is wrong)
-                pass
-
-        thread = threading.Thread(target=run, name="libreyolo-warmup-loss", daemon=True)
-        thread.start()
-        return thread
 
     def _backward(self, loss: torch.Tensor, inputs: list[torch.Tensor], t: float) -> None:
         try:
