@@ -102,16 +102,19 @@ def test_the_train_loader_ends_a_pass_s_thread_at_the_next_pass_and_at_release(t
     dl = loader_mod.train_loader(ds, 2, 0, seed=0, pin=False)
     assert dl.stage_to is None and not isinstance(iter(dl), PinnedStager)  # CPU: nothing to page-lock
     dl.stage_to = torch.device("cpu")  # staged into ordinary memory: the path a CUDA run takes
-    before = len(_stage_threads())
     first = iter(dl)
     assert isinstance(first, PinnedStager)
     next(first)
-    assert len(_stage_threads()) == before + 1
+    # Each pass's own thread, by identity: another test's stager thread may still be ending meanwhile.
+    t1 = first._thread
+    assert t1 is not None and t1.is_alive() and t1 in _stage_threads()
     second = iter(dl)  # the next pass: the first one's thread has ended
     next(second)
-    assert first._thread is None and len(_stage_threads()) == before + 1
+    t2 = second._thread
+    assert first._thread is None and not t1.is_alive()
+    assert t2 is not None and t2 is not t1 and t2.is_alive()
     release_workers(dl)
-    assert second._thread is None and len(_stage_threads()) == before
+    assert second._thread is None and not t2.is_alive()
 
 
 def test_a_run_with_staged_batches_trains_exactly_as_one_without(tiny_data, tmp_path, monkeypatch):
