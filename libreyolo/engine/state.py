@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from libreyolo.engine.checkpoint import FORMAT
+from libreyolo.engine.checkpoint import FORMAT, load_weights
+from libreyolo.engine.ema import ModelEMA
 
 
 def model_record(
@@ -36,6 +37,42 @@ def model_record(
         "model": dict(weights),
         "train_args": dict(args or {}),
     }
+
+
+def train_state(
+    net: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    optimizer_name: str,
+    scaler: Any,
+    ema: ModelEMA | None,
+    ema_is_model: bool,
+    run_dir: str,
+    bad_files: set[str],
+) -> dict[str, Any]:
+    """last.pt's train state beside its model record. ema_is_model: the record's weights are the EMA's, so the EMA
+    is stored once (its update count only)."""
+    return {
+        "net": net.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "optimizer_name": optimizer_name,
+        "scaler": scaler.state_dict(),
+        "ema": None if ema is None else {"updates": ema.updates} if ema_is_model else ema.state_dict(),
+        "rng": rng_state(),
+        "run_dir": run_dir,
+        "bad_files": sorted(bad_files),
+    }
+
+
+def restore_train_state(
+    ckpt: dict[str, Any], net: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, ema: ModelEMA | None
+) -> None:
+    """Puts a last.pt's train state (train_state above) back into the run's parts, random generators included."""
+    tr = ckpt["train"]
+    load_weights(net, tr["net"], "last.pt train state")
+    optimizer.load_state_dict(tr["optimizer"])
+    scaler.load_state_dict(tr["scaler"])
+    if ema is not None and tr["ema"] is not None:
+        ema.load_state_dict({"ema": ckpt["model"], **tr["ema"]})  # unless the train state has its own copy
 
 
 def rng_state() -> dict[str, Any]:

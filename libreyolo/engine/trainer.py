@@ -14,12 +14,12 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
-from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far, load_weights
+from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far
 from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
 from libreyolo.engine.meters import Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
-from libreyolo.engine.state import model_record, restore_rng, rng_state
+from libreyolo.engine.state import model_record, restore_rng, restore_train_state, train_state
 from libreyolo.engine.step import NO_PHASES
 
 HEARTBEAT_S = 10.0
@@ -354,20 +354,8 @@ class Trainer:
         model = snapshot(record)
         if which == "last":
             # packed (engine/snapshot.py); the EMA weights are the record's model already, stored once
-            ema = None if s.ema is None else {"updates": s.ema.updates} if ema_is_model else s.ema.state_dict()
-            train = snapshot(
-                {
-                    "net": s.train_net.state_dict(),
-                    "optimizer": s.optimizer.state_dict(),
-                    "optimizer_name": s.optimizer_name,
-                    "scaler": s.scaler.state_dict(),
-                    "ema": ema,
-                    "rng": rng_state(),
-                    "run_dir": str(s.run_dir),
-                    "bad_files": sorted(self.bad_files),
-                },
-                packed=True,
-            )
+            parts = (s.train_net, s.optimizer, s.optimizer_name, s.scaler, s.ema)
+            train = snapshot(train_state(*parts, ema_is_model, str(s.run_dir), self.bad_files), packed=True)
             if step == 0:  # an epoch's end: its validation may make these weights the best (save("best") above)
                 self._epoch_end_record = (epoch, model)
             self.writer.submit(Amended(model, train=train), path, done)
@@ -385,17 +373,13 @@ class Trainer:
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Put a last.pt's train state back (called by setup once everything is built)."""
-        s, tr = self.s, ckpt["train"]
-        load_weights(s.train_net, tr["net"], "last.pt train state")
-        s.optimizer.load_state_dict(tr["optimizer"])
-        s.scaler.load_state_dict(tr["scaler"])
-        if s.ema is not None and tr["ema"] is not None:
-            s.ema.load_state_dict({"ema": ckpt["model"], **tr["ema"]})  # unless the train state has its own copy
+        s = self.s
+        restore_train_state(ckpt, s.train_net, s.optimizer, s.scaler, s.ema)
         s.step.reload()  # after everything it derives from is back
-        restore_rng(tr["rng"])
+        restore_rng(ckpt["train"]["rng"])
         self.best_fitness, self.best_metrics = best_so_far(
             s.best_path, ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {})
         )
-        self.bad_files = set(tr.get("bad_files", []))
+        self.bad_files = set(ckpt["train"].get("bad_files", []))
         self.epoch, self.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step"])
         self.epochs_done = self.epoch
