@@ -159,3 +159,29 @@ def test_a_large_record_is_packed_in_bounded_buffers_and_a_full_device_falls_bac
     monkeypatch.setattr(torch, "cat", cat_without_room)
     got = snapshot(record).resolve()
     assert all(torch.equal(v, record[k]) for k, v in got.items()) and calls[:2] == [1, 1]  # packing failed, then copies
+
+
+def test_an_enabled_scaler_is_saved_without_reading_it_and_restores_to_its_own_state(tmp_path):
+    """last.pt keeps an enabled GradScaler's scale and growth tracker as tensors (GradScaler.state_dict() reads
+    both off the device, a wait for every queued step); resume turns them back into torch's own state dict."""
+    from libreyolo.engine.checkpoint import FORMAT, load_checkpoint, save_atomic
+    from libreyolo.engine.state import restore_train_state, scaler_state
+
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    for k in range(4):  # a skipped step, then two good ones: scale 512, growth tracker 2
+        scaler.scale(p.sum()).backward()
+        if k == 1:
+            p.grad.fill_(float("inf"))
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    state = scaler_state(scaler)
+    assert isinstance(state["scale"], torch.Tensor) and isinstance(state["_growth_tracker"], torch.Tensor)
+    train = {"net": {}, "optimizer": opt.state_dict(), "scaler": state, "ema": None}
+    save_atomic(snapshot({"format": FORMAT, "train": snapshot(train, packed=True)}).resolve(), tmp_path / "last.pt")
+    fresh = torch.amp.GradScaler("cpu")
+    restore_train_state(load_checkpoint(tmp_path / "last.pt"), torch.nn.Module(), opt, fresh, None)
+    assert fresh.state_dict() == scaler.state_dict()
+    assert fresh.get_scale() == 512.0 and fresh.state_dict()["_growth_tracker"] == 2

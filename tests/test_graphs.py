@@ -12,9 +12,12 @@ from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
 from libreyolo.engine.amp import resolve_amp
 from libreyolo.engine.capturable import CapturableUpdate
+from libreyolo.engine.checkpoint import FORMAT, load_checkpoint, save_atomic
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.graphs import GraphRunner
 from libreyolo.engine.runners import graph_mode, select_step
+from libreyolo.engine.snapshot import snapshot
+from libreyolo.engine.state import restore_train_state, train_state
 from libreyolo.errors import ConfigError
 from libreyolo.events import read_events
 from libreyolo.families import NO_CAPTURE, WHOLE_NET, CapturePlan
@@ -228,13 +231,14 @@ def test_capturable_update_matches_torch_optim(name):
         upd.step()
     for a, b in zip(net.parameters(), net2.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # Adam divides by ~sqrt(v): rounding, not math
-    upd.sync_to_host()
+    state = upd.train_counters().optimizer
     if name == "AdamW":
-        assert float(o2.state[next(net2.parameters())]["step"]) == 6.0
+        assert all(float(st["step"]) == 6.0 for st in state["state"].values())
+        assert float(o2.state[next(net2.parameters())].get("step", 0.0)) == 0.0  # the optimizer's own state: untouched
 
 
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
-def test_capturable_update_resumed_from_a_checkpoint_continues_the_run(name):
+def test_capturable_update_resumed_from_a_checkpoint_continues_the_run(name, tmp_path):
     """Resume builds the update first and loads the checkpoint afterwards (as setup and Trainer.restore do):
     the LR the schedule sets must still reach the update, and the AdamW step and EMA counts must continue."""
     from libreyolo.engine.ema import ModelEMA
@@ -271,12 +275,17 @@ def test_capturable_update_resumed_from_a_checkpoint_continues_the_run(name):
 
     net_b, opt_b, ema_b, upd_b, flat_b = build(seed_net)
     run(upd_b, opt_b, flat_b, range(3))
-    upd_b.sync_to_host()
-    ckpt = copy.deepcopy({"net": net_b.state_dict(), "opt": opt_b.state_dict(), "ema": ema_b.state_dict()})
+    # last.pt as the trainer writes it (state.train_state, packed snapshot, atomic write) and resume reads it back:
+    # the AdamW steps and the EMA count go in as the update's device counters, never read on the host
+    counters = upd_b.train_counters()
+    no_scaler = torch.amp.GradScaler("cuda", enabled=False)
+    state = train_state(net_b, counters, name, no_scaler, ema_b, False, str(tmp_path), set())
+    record = {"format": FORMAT, "model": ema_b.ema.state_dict(), "train": snapshot(state, packed=True)}
+    save_atomic(snapshot(record).resolve(), tmp_path / "last.pt")
+    ckpt = load_checkpoint(tmp_path / "last.pt")
     net_c, opt_c, ema_c, upd_c, flat_c = build(seed_net)  # the resumed process
-    net_c.load_state_dict(ckpt["net"])
-    opt_c.load_state_dict(ckpt["opt"])
-    ema_c.load_state_dict(ckpt["ema"])
+    restore_train_state(ckpt, net_c, opt_c, no_scaler, ema_c)
+    assert ema_c.updates == 3
     upd_c.reload()
     flat_c.refresh()
     run(upd_c, opt_c, flat_c, range(3, 6))
@@ -332,9 +341,8 @@ def test_non_finite_gradients_skip_the_step_on_the_device(name):
     upd.step()
     assert all(torch.isfinite(p).all() for p in net.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
-    upd.sync_to_host()
     if name == "AdamW":
-        assert float(opt.state[next(net.parameters())]["step"]) == 1.0
+        assert all(float(st["step"]) == 1.0 for st in upd.train_counters().optimizer["state"].values())
 
 
 def test_ddp_capacity_bound_covers_every_mosaic_batch(tiny_data):

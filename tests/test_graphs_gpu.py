@@ -166,3 +166,45 @@ def test_a_capture_plan_of_submodules_captures_them_and_runs_the_rest_eager_bitw
     assert torch.equal(eager, torch.stack(losses)), (eager - torch.stack(losses)).abs().max()
     for (k, a), b in zip(pe.train_net.state_dict().items(), parts.train_net.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+@pytest.mark.parametrize("mode", [False, True, "full"])
+def test_an_epoch_end_queues_its_reads_and_last_pt_without_waiting_for_the_gpu(tmp_path, monkeypatch, mode):
+    """An epoch's end copies its losses, skipped steps and loss scale, and last.pt's optimizer, EMA and scaler counters,
+    behind the queued steps (HostRead, the checkpoint's snapshot): under torch.cuda.set_sync_debug_mode("error") an
+    epoch end without validation raises nothing. last.pt's counters are the run's: one EMA update per optimizer step,
+    and an AdamW step for each of them the loss scaler did not skip."""
+    from libreyolo import LibreYOLO
+    from libreyolo.data.shapes import make_shapes
+    from libreyolo.engine import trainer as trainer_mod
+    from libreyolo.engine.checkpoint import load_checkpoint
+    from libreyolo.events import read_events
+
+    orig = trainer_mod.Trainer._end_epoch
+    strict: list[int] = []
+
+    def end(self, epoch):
+        if epoch == self.cfg.epochs - 1:  # the final epoch validates: its thread reads its results back
+            return orig(self, epoch)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            orig(self, epoch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        strict.append(epoch)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "_end_epoch", end)
+    data = make_shapes(tmp_path / "d", 64, 16, 160)
+    m = LibreYOLO("LibreYOLO9t")
+    keys = dict(epochs=3, imgsz=160, batch=8, nbs=8, optimizer="AdamW", amp_dtype="float16", val=False, workers=2)
+    m.train(data=str(data), device=0, cuda_graph=mode, project=str(tmp_path / "runs"), **keys)
+    assert strict == [0, 1]
+    events = list(read_events(m.last_run / "events.jsonl"))
+    assert events[-1]["status"] == "finished"
+    amps = [e for e in events if e["type"] == "amp" and e["epoch"] is not None]
+    assert [e["epoch"] for e in amps] == [0, 1, 2]
+    skipped = sum(e["skipped_steps"] for e in amps)
+    train = load_checkpoint(m.last_run / "weights" / "last.pt")["train"]
+    assert int(train["ema"]["updates"]) == 3 * 8  # 64 images, batch 8, a step per batch
+    assert {float(st["step"]) for st in train["optimizer"]["state"].values()} == {3 * 8 - skipped}
+    assert float(train["scaler"]["scale"]) == amps[-1]["scale"]

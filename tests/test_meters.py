@@ -4,7 +4,7 @@ even when the GPU never idles (a GPU-bound cuda_graph=full run), without waiting
 import torch
 from conftest import run_start_event
 
-from libreyolo.engine.meters import LossMeter
+from libreyolo.engine.meters import HostRead, LossMeter
 
 
 class BusyGPU:
@@ -112,3 +112,17 @@ def test_progress_line_shows_dashes_not_stale_or_zero_losses_before_the_first_re
         )
     lines = [ln for ln in out.getvalue().splitlines() if "img/s" in ln]
     assert "box - cls - dfl -" in lines[0] and "box 0.500 cls 1.250 dfl 2.000" in lines[1]
+
+
+def test_host_read_gives_by_name_copies_of_the_values_it_was_given():
+    """The epoch's end reads its loss sums and loss-scale figures this way: the values when the read was made (later
+    in-place updates, the next epoch's reset, do not reach them), each in its own dtype; a name given None is left
+    out."""
+    sums, skipped = torch.tensor([1.5, 2.5]), torch.tensor(3, dtype=torch.int32)
+    read = HostRead({"sum": sums, "scale": None, "skipped": skipped})
+    sums.zero_()
+    skipped.add_(1)
+    got = read.get()
+    assert list(got) == ["sum", "skipped"]
+    assert torch.equal(got["sum"], torch.tensor([1.5, 2.5])) and got["skipped"].dtype == torch.int32
+    assert int(got["skipped"]) == 3 and read.get() is got

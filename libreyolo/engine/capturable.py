@@ -17,6 +17,7 @@ import torch
 
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
+from libreyolo.engine.step import TrainCounters
 
 
 class CapturableUpdate:
@@ -175,13 +176,15 @@ class CapturableUpdate:
         torch._foreach_add_(e._ema_t, torch._foreach_mul(e._src_t, 1.0 - d))
 
     # --- host side ----------------------------------------------------------------------------------
-    def sync_to_host(self) -> None:
-        """Before a checkpoint: write the device counters back where the eager code and state_dict() look. One
-        device-to-host read for all of them (a read per parameter was 690 synchronisations for LibreYOLO9t)."""
-        counts = torch.stack([self.ema_updates, *self.steps]).tolist()
-        if self.ema is not None:
-            self.ema.updates = int(round(counts[0]))
+    def train_counters(self) -> TrainCounters:
+        """optimizer.state_dict() with each AdamW step the device counter of its group, and the EMA's update count
+        as that device counter: tensors that the checkpoint's snapshot copies behind the queued steps, where reading
+        them here would wait for those steps (the host-side counters are not kept current). The state dict's
+        per-parameter entries are new dicts: the optimizer's own state is left as it is."""
+        state = self.opt.state_dict()
         if self.name == "AdamW":
-            for j, g in enumerate(self.groups):
-                for p in g["params"]:
-                    self.opt.state[p]["step"] = torch.tensor(float(counts[1 + j]))
+            groups = [g for g in state["param_groups"] if g["params"]]  # as self.groups: the ones with parameters
+            for step, g in zip(self.steps, groups):
+                for i in g["params"]:
+                    state["state"][i] = {**state["state"][i], "step": step}
+        return TrainCounters(state, self.ema_updates if self.ema is not None else None)

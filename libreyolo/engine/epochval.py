@@ -17,6 +17,7 @@ import copy
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,7 @@ def val_prefetch_due(steps_left: int, step_s: float | None) -> bool:
 class _Pending:
     epoch: int
     validation: PendingValidation | ThreadedValidation
-    train_losses: dict[str, float]
+    train_losses: Callable[[], dict[str, float]]  # the epoch's mean training losses (read off the device when asked)
     lrs: dict[str, float]
     weights: dict[str, torch.Tensor]  # what was validated, for best.pt
     held_s: float  # how long starting it held the training loop
@@ -159,7 +160,7 @@ class EpochValidations:
             self._wait_validation()
             s.val_loader.prefetch()
 
-    def start(self, epoch: int, train_losses: dict[str, float], lrs: dict[str, float]) -> None:
+    def start(self, epoch: int, train_losses: Callable[[], dict[str, float]], lrs: dict[str, float]) -> None:
         tr = self.trainer
         s, cfg = tr.s, tr.cfg
         self.settle(wait=True)  # at most one evaluation in flight
@@ -246,7 +247,7 @@ class EpochValidations:
         fitness = task.fitness(metrics)
         metrics = {**metrics, "fitness": fitness}
         row = results_row(
-            p.epoch + 1, time.time() - s.t_start, p.train_losses, v, v["losses"], list(p.lrs.values()), task
+            p.epoch + 1, time.time() - s.t_start, p.train_losses(), v, v["losses"], list(p.lrs.values()), task
         )
         append_results(s.run_dir / "results.csv", row, results_columns(s.family.loss_terms, len(p.lrs), task))
         return p.epoch, fitness, metrics

@@ -23,7 +23,7 @@ import torch
 from libreyolo import events as ev
 from libreyolo.engine.capturable import CapturableUpdate
 from libreyolo.engine.graphs import GraphRunner, Shape
-from libreyolo.engine.step import EagerStep, Phases, normalize
+from libreyolo.engine.step import EagerStep, Phases, TrainCounters, normalize
 
 
 class _FullGraph:
@@ -163,5 +163,5 @@ class FullGraphStep(GraphRunner):
         super().reload()
         self.update.reload()
 
-    def sync(self) -> None:
-        self.update.sync_to_host()
+    def train_counters(self) -> TrainCounters:
+        return self.update.train_counters()

@@ -15,7 +15,7 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.engine.flat import FlatParams
-from libreyolo.engine.step import NO_PHASES, EagerStep, Phases
+from libreyolo.engine.step import NO_PHASES, EagerStep, Phases, TrainCounters
 from libreyolo.engine.subgraphs import SubmoduleGraphs
 from libreyolo.families import WHOLE_NET, CapturePlan
 
@@ -192,7 +192,10 @@ class GraphRunner:
         self.eager.skipped = value
 
     def sync(self) -> None:
-        """Bring device-side counters back to the host (before a checkpoint); nothing to do here."""
+        """Before a checkpoint: nothing runs beside the step here."""
+
+    def train_counters(self) -> TrainCounters:
+        return self.eager.train_counters()
 
     def reload(self) -> None:
         self.eager.reload()

@@ -70,6 +70,39 @@ class LossMeter:
         return (self.sum / max(self.count, 1)).tolist()
 
 
+class HostRead:
+    """A few named device tensors read without waiting for the device: each is copied into page-locked memory behind
+    the work already queued on its device's current stream, and get() waits for those copies only, so that the host
+    does other work while the GPU finishes the queued steps. On a CPU they are copied at once. A name given None is
+    left out."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor | None]):
+        self._host: dict[str, torch.Tensor] = {}
+        self._event: torch.cuda.Event | None = None
+        device = None
+        for name, t in tensors.items():
+            if t is None:
+                continue
+            t = t.detach()
+            if t.is_cuda:
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                device = t.device
+            else:
+                host = t.clone()
+            self._host[name] = host
+        if device is not None:
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(device))
+
+    def get(self) -> dict[str, torch.Tensor]:
+        """The host copies by name (waits until the device has made them)."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        return self._host
+
+
 class Throughput:
     """Images per second and the share of wall time spent waiting for data, over the epoch so far."""
 

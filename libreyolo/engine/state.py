@@ -11,6 +11,7 @@ import torch
 
 from libreyolo.engine.checkpoint import FORMAT, load_weights
 from libreyolo.engine.ema import ModelEMA
+from libreyolo.engine.step import TrainCounters
 
 
 def model_record(
@@ -41,25 +42,48 @@ def model_record(
 
 def train_state(
     net: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    counters: TrainCounters,
     optimizer_name: str,
-    scaler: Any,
+    scaler: torch.amp.GradScaler,
     ema: ModelEMA | None,
     ema_is_model: bool,
     run_dir: str,
     bad_files: set[str],
 ) -> dict[str, Any]:
-    """last.pt's train state beside its model record. ema_is_model: the record's weights are the EMA's, so the EMA
-    is stored once (its update count only)."""
+    """last.pt's train state beside its model record, with no value read off the device (the snapshot copies the
+    tensors behind the queued steps). counters: the step runner's (StepRunner.train_counters). ema_is_model: the
+    record's weights are the EMA's, so the EMA is stored once (its update count only)."""
+    if ema is None:
+        ema_state = None
+    else:
+        ema_state = (
+            {"updates": counters.ema_updates} if ema_is_model else {**ema.state_dict(), "updates": counters.ema_updates}
+        )
     return {
         "net": net.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": counters.optimizer,
         "optimizer_name": optimizer_name,
-        "scaler": scaler.state_dict(),
-        "ema": None if ema is None else {"updates": ema.updates} if ema_is_model else ema.state_dict(),
+        "scaler": scaler_state(scaler),
+        "ema": ema_state,
         "rng": rng_state(),
         "run_dir": run_dir,
         "bad_files": sorted(bad_files),
+    }
+
+
+def scaler_state(scaler: torch.amp.GradScaler) -> dict[str, Any]:
+    """GradScaler.state_dict() without its two reads of the device (the scale and the growth tracker, each a wait for
+    every queued step): an enabled scaler's two tensors stay tensors, which restore_train_state turns back into
+    numbers. A scaler that has not scaled yet has no tensors: its own state_dict() reads nothing then."""
+    if not scaler.is_enabled() or scaler._scale is None or scaler._growth_tracker is None:
+        return scaler.state_dict()
+    scale, tracker = scaler._scale, scaler._growth_tracker
+    return {
+        "scale": scale,
+        "growth_factor": scaler._growth_factor,
+        "backoff_factor": scaler._backoff_factor,
+        "growth_interval": scaler._growth_interval,
+        "_growth_tracker": tracker,
     }
 
 
@@ -70,7 +94,7 @@ def restore_train_state(
     tr = ckpt["train"]
     load_weights(net, tr["net"], "last.pt train state")
     optimizer.load_state_dict(tr["optimizer"])
-    scaler.load_state_dict(tr["scaler"])
+    scaler.load_state_dict({k: v.item() if isinstance(v, torch.Tensor) else v for k, v in tr["scaler"].items()})
     if ema is not None and tr["ema"] is not None:
         ema.load_state_dict({"ema": ckpt["model"], **tr["ema"]})  # unless the train state has its own copy
 

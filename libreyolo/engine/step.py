@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -35,6 +35,15 @@ NO_PHASES = NoPhases()
 Phases = Callable[[str], AbstractContextManager[Any]]
 
 
+class TrainCounters(NamedTuple):
+    """What a checkpoint's train state takes from the optimizer and the EMA. A whole-step graph keeps the AdamW step
+    and the EMA's update count on the device: they are device tensors here then, copied by the checkpoint's snapshot
+    behind the steps already queued, never read on the host (a read waits for every queued step)."""
+
+    optimizer: dict[str, Any]  # optimizer.state_dict(), its step counters those the update keeps
+    ema_updates: int | torch.Tensor | None  # None without an EMA
+
+
 class StepRunner(Protocol):
     """What the trainer calls for a step: EagerStep, or a CUDA-graph runner (graphs.py, fullstep.py)."""
 
@@ -48,7 +57,10 @@ class StepRunner(Protocol):
         """One micro-step (an optimizer step too when boundary); -> the detached loss terms."""
 
     def sync(self) -> None:
-        """Bring device-side counters to the host (before a checkpoint)."""
+        """Before a checkpoint: what the host still has in flight ends (an overlapped backward)."""
+
+    def train_counters(self) -> TrainCounters:
+        """The optimizer state and EMA update count a checkpoint saves, as they are after the steps issued so far."""
 
     def reload(self) -> None:
         """Refresh what derives from the weights after they were loaded (resume)."""
@@ -154,9 +166,12 @@ class EagerStep:
                 self.ema.update()
 
     def sync(self) -> None:
-        """Graph runners bring device-side counters to the host here, before a checkpoint; an overlapped backward
-        ends first."""
+        """Before a checkpoint: an overlapped backward ends first."""
         self._pending.wait()
+
+    def train_counters(self) -> TrainCounters:
+        """torch's optimizer and the EMA keep their own counters (a fused AdamW's step is a device tensor already)."""
+        return TrainCounters(self.optimizer.state_dict(), self.ema.updates if self.ema is not None else None)
 
     def invalidate(self, reason: str) -> None:
         """Nothing captured: the next step computes whatever the loss and network compute now."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import traceback
@@ -16,7 +17,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
 from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far
 from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
-from libreyolo.engine.meters import Throughput
+from libreyolo.engine.meters import HostRead, Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
 from libreyolo.engine.state import model_record, restore_rng, restore_train_state, train_state
@@ -268,29 +269,42 @@ class Trainer:
 
     def _end_epoch(self, epoch: int) -> None:
         """Losses of the epoch, its validation started (its COCO evaluation lands later: EpochValidations), last.pt,
-        and the epoch's amp, vram and epoch_end events."""
+        and the epoch's amp, vram and epoch_end events. Nothing before last.pt's snapshot waits for the device: the
+        epoch's loss sums, skipped steps and loss scale are copied behind its last step (HostRead) and taken after the
+        snapshot, so the loop's host work here runs while the GPU finishes the steps the loop had queued ahead."""
         s, cfg = self.s, self.cfg
         t_epoch = time.time()
-        losses = dict(zip(s.family.loss_terms, s.dist.mean(s.meter.final(), s.device)))  # all ranks' images
+        fp16 = s.amp.scaler
+        scaler_values = {"scale": s.scaler._scale, "skipped": s.step.skipped} if fp16 else {}
+        read = HostRead({"sum": s.meter.sum, **scaler_values}).get
+        count, terms = s.meter.count, s.family.loss_terms
+        if s.world_size > 1:  # the mean over ranks is a collective: every rank takes part here, at the same point
+            ranks_mean = dict(zip(terms, s.dist.mean(s.meter.final(), s.device)))
+            train_losses: Callable[[], dict[str, float]] = lambda: ranks_mean  # noqa: E731
+        else:
+            train_losses = functools.cache(lambda: dict(zip(terms, (read()["sum"] / max(count, 1)).tolist())))
         lrs = {f"pg{j}": g["lr"] for j, g in enumerate(s.optimizer.param_groups)}
-        self.vals.start(epoch, losses, lrs)
+        self.vals.start(epoch, train_losses, lrs)
         self.epoch, self.step_in_epoch = epoch + 1, 0
         self.save("last")
         if cfg.save_period > 0 and (epoch + 1) % cfg.save_period == 0:
             self.save("period", path=s.run_dir / "weights" / f"epoch{epoch + 1}.pt")
+        losses = train_losses()
         if s.amp.scaler:
-            skipped = int(s.step.skipped.item()) if s.step.skipped is not None else 0
+            got = read()
+            skipped = int(got["skipped"]) if "skipped" in got else 0
+            scale = float(got["scale"]) if "scale" in got else s.scale_value()
             s.step.skipped = None
             self.emit(
                 ev.Amp(
                     enabled=True,
                     dtype=s.amp.dtype,
                     scaler=True,
-                    scale=s.scale_value(),
+                    scale=scale,
                     skipped_steps=skipped,
                     epoch=epoch,
                     reason=f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, "
-                    f"loss scale {s.scale_value():g}",
+                    f"loss scale {scale:g}",
                 )
             )
         if s.device.type == "cuda":
@@ -345,7 +359,7 @@ class Trainer:
             self.writer.drain(wait=wait)
             return path
         if which == "last":
-            s.step.sync()  # the device-side optimizer and EMA counters, which only the train state holds
+            s.step.sync()  # an overlapped backward ends before the optimizer state is taken
         ema_is_model = weights is None and s.ema is not None
         if weights is None:
             weights = s.kept_net.state_dict()
@@ -354,7 +368,7 @@ class Trainer:
         model = snapshot(record)
         if which == "last":
             # packed (engine/snapshot.py); the EMA weights are the record's model already, stored once
-            parts = (s.train_net, s.optimizer, s.optimizer_name, s.scaler, s.ema)
+            parts = (s.train_net, s.step.train_counters(), s.optimizer_name, s.scaler, s.ema)
             train = snapshot(train_state(*parts, ema_is_model, str(s.run_dir), self.bad_files), packed=True)
             if step == 0:  # an epoch's end: its validation may make these weights the best (save("best") above)
                 self._epoch_end_record = (epoch, model)
