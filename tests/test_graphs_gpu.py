@@ -186,6 +186,7 @@ def test_an_epoch_end_queues_its_reads_and_last_pt_without_waiting_for_the_gpu(t
     def end(self, epoch):
         if epoch == self.cfg.epochs - 1:  # the final epoch validates: its thread reads its results back
             return orig(self, epoch)
+        self.vals._join_warm()  # the validation graph's warm-up thread reads the device: not inside the strict window
         torch.cuda.set_sync_debug_mode("error")
         try:
             orig(self, epoch)
