@@ -40,7 +40,7 @@ class TrainCounters(NamedTuple):
     and the EMA's update count on the device: they are device tensors here then, copied by the checkpoint's snapshot
     behind the steps already queued, never read on the host (a read waits for every queued step)."""
 
-    optimizer: dict[str, Any]  # optimizer.state_dict(), its step counters those the update keeps
+    optimizer: dict[str, Any]  # optimizer.state_dict(); a whole-step graph puts its device AdamW steps in it
     ema_updates: int | torch.Tensor | None  # None without an EMA
 
 
