@@ -45,7 +45,7 @@ KEYS = {
 DEFAULTS: dict[str, object] = {"batch": 8, "imgsz": 640}
 
 
-def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> tuple[dict[str, torch.Tensor], int]:
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import AugmentConfig, YOLODataset, collate
     from libreyolo.data.labels import scan_labels
