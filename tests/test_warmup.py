@@ -98,8 +98,8 @@ def test_the_loss_runs_beside_the_network_forward_on_example_outputs():
         loss = outputs[0].float().square().mean() * scale
         return loss, loss.detach()[None]
 
-    def example(train, b, imgsz, dtype, device):
-        assert isinstance(train, Dropping) and device == torch.device("cpu")
+    def example(train, b, imgsz, dtype, device, mask):
+        assert isinstance(train, Dropping) and device == torch.device("cpu") and mask is batch["mask"]
         return (torch.randn(b, 4, imgsz[0] - 2, imgsz[1] - 2, dtype=dtype, requires_grad=True),)
 
     batch = _batch(2, 16)
@@ -131,22 +131,36 @@ def test_a_failing_loss_beside_leaves_the_pass_to_the_real_loss():
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_a_family_s_example_outputs_are_shaped_as_its_train_net_s_forward(dtype):
     """Every family that declares example outputs: the same structure, shapes and dtype as a real training forward
-    (a non-square input, with and without autocast)."""
+    of a batch with targets (a non-square input, with and without autocast; RT-DETR's denoising queries follow the
+    most boxes in one image)."""
     from libreyolo.config import TrainConfig
+    from libreyolo.engine.step import feed_targets
     from libreyolo.families import families
 
+    def flat(out):
+        if isinstance(out, dict):
+            return sorted(out), [out[k] for k in sorted(out)]
+        return None, list(out) if isinstance(out, (tuple, list)) else [out]
+
     declared = [f for f in families().values() if f.example_outputs is not None]
-    assert {"yolo9", "yolox", "resnet", "mnv4"} <= {f.name for f in declared}
+    assert {"yolo9", "yolox", "resnet", "mnv4", "rtdetr"} <= {f.name for f in declared}
     img = torch.randint(0, 255, (2, 96, 64, 3), dtype=torch.uint8)
-    for fam in declared:
-        cfg = TrainConfig.from_overrides({"model": fam.prefix + fam.sizes[0], "imgsz": 96})
-        train = fam.train_net(fam.build(fam.sizes[0], 3), cfg).train()
-        real = train_forward(train, img, dtype, False)
-        example = fam.example_outputs(train, 2, (96, 64), dtype or torch.float32, torch.device("cpu"))
-        real_t = real if isinstance(real, (tuple, list)) else (real,)
-        example_t = example if isinstance(example, (tuple, list)) else (example,)
-        assert [(tuple(t.shape), t.dtype) for t in example_t] == [(tuple(t.shape), t.dtype) for t in real_t], fam.name
-        assert all(t.requires_grad and t.is_leaf for t in example_t), fam.name
+    targets = torch.tensor([[0.0, 4, 4, 30, 40], [1, 10, 50, 60, 90], [2, 0, 0, 64, 96]]).repeat(2, 1, 1)
+    for mask in (torch.tensor([[True, True, False], [True, False, False]]), torch.zeros(2, 3, dtype=torch.bool)):
+        for fam in declared:
+            cfg = TrainConfig.from_overrides({"model": fam.prefix + fam.sizes[0], "imgsz": 96})
+            net = fam.build(fam.sizes[0], 3)
+            train = fam.train_net(net, cfg).train()
+            feed_targets(train, targets, mask, (96, 64))
+            real_keys, real = flat(train_forward(train, img, dtype, False))
+            out = fam.example_outputs(train, 2, (96, 64), dtype or torch.float32, torch.device("cpu"), mask)
+            keys, example = flat(out)
+            assert keys == real_keys, fam.name
+            assert [(tuple(t.shape), t.dtype) for t in example] == [(tuple(t.shape), t.dtype) for t in real], fam.name
+            assert all(t.requires_grad and t.is_leaf for t in example), fam.name
+            loss, _ = fam.loss(net, cfg, None)(out, targets, mask, (96, 64), 1.0)
+            loss.backward()  # what the warm-up's thread runs: the loss takes the example outputs, and back
+            assert torch.isfinite(loss) and any(t.grad is not None for t in example), fam.name
 
 
 class HalfOut(nn.Module):
@@ -252,8 +266,10 @@ def test_only_one_cuda_process_without_algorithm_timing_warms_up():
     assert not warmup_wanted(torch.device("mps"), 1, cudnn_benchmark=False)
 
 
-def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_path, monkeypatch):
-    """The warm-up (forced on here, on the CPU) must change nothing the run computes."""
+@pytest.mark.parametrize("model", ["LibreYOLO9t", "LibreRTDETRr18"])
+def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_path, monkeypatch, model):
+    """The warm-up (forced on here, on the CPU) must change nothing the run computes; the loss ran beside the
+    forward (RT-DETR's too: its denoising draws noise in the forward, none in the loss)."""
     passes, warm_imgs, step_imgs = [], [], []
     orig, orig_step = KernelWarmup._forward, EagerStep.__call__
 
@@ -267,7 +283,7 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
         return orig_step(self, img, *a, **k)
 
     def run(name: str) -> dict[str, torch.Tensor]:
-        m = LibreYOLO("LibreYOLO9t")
+        m = LibreYOLO(model)
         m.train(**{**FAST, "data": str(tiny_data), "project": str(tmp_path), "name": name, "epochs": 1, "seed": 1})
         return load_checkpoint(tmp_path / name / "weights" / "last.pt")["model"]
 
@@ -286,7 +302,7 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
     monkeypatch.setattr(EagerStep, "__call__", step)
     warmed = run("warmed")
     assert passes == [True]
-    assert len(beside) == 1 and beside[0] is not None  # YOLOv9's loss also ran beside the forward
+    assert len(beside) == 1 and beside[0] is not None  # the loss also ran beside the forward
     assert torch.equal(warm_imgs[0], step_imgs[0])  # the warm-up ran on the run's first batch (read ahead)
     for k in plain:
         torch.testing.assert_close(warmed[k], plain[k], rtol=0, atol=0, msg=k)

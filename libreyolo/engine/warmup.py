@@ -70,7 +70,7 @@ def loss_beside(
 
     def run() -> None:
         try:
-            outputs = example(net, batch, imgsz, dtype, device)
+            outputs = example(net, batch, imgsz, dtype, device, mask)
             loss_fn(outputs, targets, mask, imgsz, scale)[0].backward()
         except Exception:  # noqa: BLE001,S110  (the real loss, next, raises what is wrong)
             pass

@@ -27,15 +27,18 @@ _BUILTIN = (
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # DDP's all-reduce of the loss normaliser
-ExampleOutputs = Callable[[nn.Module, int, tuple[int, int], torch.dtype, torch.device], Any]  # Family.example_outputs
+# Family.example_outputs: (train net, batch, imgsz, dtype, device, the batch's target mask (B, M)) -> outputs
+ExampleOutputs = Callable[[nn.Module, int, tuple[int, int], torch.dtype, torch.device, torch.Tensor], Any]
 N = TypeVar("N", bound=nn.Module)
 
 
-def random_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def random_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, unit: bool = False) -> torch.Tensor:
     """For example_outputs: a random leaf tensor that requires grad, drawn from a generator of its own (the warm-up
-    makes it beside the setup, whose random streams must not move)."""
+    makes it beside the setup, whose random streams must not move). unit: uniform in (0, 1), as normalised boxes
+    (a loss that matches boxes by IoU needs real ones), else normal."""
     g = torch.Generator(device).manual_seed(0)
-    return torch.randn(shape, generator=g, device=device, dtype=dtype, requires_grad=True)
+    draw = torch.rand if unit else torch.randn
+    return draw(shape, generator=g, device=device, dtype=dtype, requires_grad=True)
 
 
 def own(net: nn.Module, cls: type[N]) -> N:
@@ -128,9 +131,10 @@ class Family:
     param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None  # None: engine.optim.param_groups
     schedule: ScheduleFn | None = None  # None: engine.optim.apply_schedule (warm-up, then linear or cosine)
     hooks: dict[str, Callable[[Any], None]] = field(default_factory=dict)  # e.g. on_mosaic_close(trainer)
-    # (train net, batch, imgsz, dtype, device) -> random tensors shaped as the train net's training forward returns
-    # them, requiring grad: the kernel warm-up runs the loss on them in a thread of its own while the network's
-    # first forward runs (engine/warmup.py). None: the loss's first call follows the forward.
+    # (train net, batch, imgsz, dtype, device, target mask) -> random tensors shaped as the train net's training
+    # forward returns them for a batch with that target mask, requiring grad: the kernel warm-up runs the loss on them
+    # in a thread of its own while the network's first forward runs (engine/warmup.py). None: the loss's first call
+    # follows the forward.
     example_outputs: ExampleOutputs | None = None
 
     @property

@@ -46,7 +46,7 @@ def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> C
 
 
 def example_outputs(
-    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device
+    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device, mask: torch.Tensor
 ) -> torch.Tensor:
     """Random class logits: (batch, nc)."""
     nc = int(getattr(train, "nc"))  # noqa: B009  (nn.Module types its attributes Tensor | Module)

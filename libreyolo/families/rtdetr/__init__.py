@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from libreyolo import keys as K
-from libreyolo.families import CapturePlan, Family, Reduce, families, own, register
+from libreyolo.families import CapturePlan, Family, Reduce, families, own, random_output, register
 from libreyolo.families.rtdetr.loss import RTDETRLoss
 from libreyolo.families.rtdetr.network import RTDETR, SIZES
 from libreyolo.families.rtdetr.postprocess import postprocess
@@ -82,6 +83,31 @@ def train_net(net: nn.Module, cfg: Any) -> nn.Module:
     return net
 
 
+def example_outputs(
+    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Random training outputs for a batch with this target mask: every decoder layer's logits and boxes for the
+    selected queries (as many as the encoder has tokens, at most num_queries), the encoder's top-k, and the denoising
+    queries' (2 x the most boxes in an image x the group count, denoising.build_groups). Logits in `dtype` (the
+    decoder's heads run under autocast), boxes float32 and in (0, 1): the matcher's IoU needs real boxes."""
+    net = own(train, RTDETR)
+    h, w = imgsz
+    tokens = sum(-(-h // s) * -(-w // s) for s in (8, 16, 32))  # the encoder's maps: strides 8, 16, 32, rounded up
+    q, layers, nc = min(net.decoder.num_queries, tokens), len(net.decoder.layers), net.nc
+    most = int(mask.sum(1).max()) if mask.numel() else 0
+    out = {
+        "logits": random_output((layers, batch, q, nc), dtype, device),
+        "boxes": random_output((layers, batch, q, 4), torch.float32, device, unit=True),
+        "enc_logits": random_output((batch, q, nc), dtype, device),
+        "enc_boxes": random_output((batch, q, 4), torch.float32, device, unit=True),
+    }
+    if most and net.num_denoising > 0:
+        n_dn = 2 * most * max(net.num_denoising // most, 1)
+        out["dn_logits"] = random_output((layers, batch, n_dn, nc), dtype, device)
+        out["dn_boxes"] = random_output((layers, batch, n_dn, 4), torch.float32, device, unit=True)
+    return out
+
+
 def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> RTDETRLoss:
     net = own(net, RTDETR)
     g = {n: float(_cfg_value(cfg, n)) for n in ("vfl", "bbox", "giou")}
@@ -129,6 +155,7 @@ FAMILY = register(
         supports_ddp=False,
         defaults=DEFAULTS,
         param_groups=param_groups,
+        example_outputs=example_outputs,
     )
 )
 

@@ -33,7 +33,7 @@ def train_net(net: nn.Module, cfg: Any) -> TrainNet:
 
 
 def example_outputs(
-    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device
+    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device, mask: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
     """Random raw outputs of the main (and auxiliary) head: (batch, 4 * reg_max + nc, anchors) each."""
     t = own(train, TrainNet)

@@ -53,7 +53,7 @@ def train_net(net: nn.Module, cfg: Any) -> nn.Module:
 
 
 def example_outputs(
-    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device
+    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device, mask: torch.Tensor
 ) -> torch.Tensor:
     """Random raw head outputs: (batch, anchors, 5 + nc)."""
     net = own(train, YOLOX)
