@@ -20,7 +20,7 @@ import torch  # noqa: E402  (timed)
 
 from libreyolo.bench.step import _batch_on_device  # noqa: E402
 from libreyolo.config import TrainConfig  # noqa: E402
-from libreyolo.engine.step import train_forward  # noqa: E402
+from libreyolo.engine.step import feed_targets, train_forward  # noqa: E402
 from libreyolo.engine.warmup import loss_beside  # noqa: E402
 from libreyolo.families import parse_model_name  # noqa: E402
 
@@ -65,6 +65,7 @@ def main() -> None:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if a.profile and i < 2 else None
         if prof is not None:
             prof.__enter__()
+        feed_targets(train, data["targets"], data["mask"], imgsz)  # a DETR's denoising queries, as the step does
         out = train_forward(train, data["img"], dtype, False)
         if beside is not None:
             beside.join()
