@@ -91,8 +91,7 @@ def example_outputs(
     queries' (2 x the most boxes in an image x the group count, denoising.build_groups). Logits in `dtype` (the
     decoder's heads run under autocast), boxes float32 and in (0, 1): the matcher's IoU needs real boxes."""
     net = own(train, RTDETR)
-    h, w = imgsz
-    tokens = sum(-(-h // s) * -(-w // s) for s in (8, 16, 32))  # the encoder's maps: strides 8, 16, 32, rounded up
+    tokens = sum(h * w for h, w in net.feature_shapes(*imgsz))
     q, layers, nc = min(net.decoder.num_queries, tokens), len(net.decoder.layers), net.nc
     most = int(mask.sum(1).max()) if mask.numel() else 0
     out = {

@@ -59,7 +59,13 @@ class RTDETR(nn.Module):
         # denoising settings (the family's keys set them for a run: train_net)
         self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0
         self.backbone_lr = 0.1  # the backbone's LR as a fraction of lr0 (its param groups' lr_scale)
+        self.strides = (8, 16, 32)  # of the encoder's three maps
         self._targets: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None
+
+    def feature_shapes(self, h: int, w: int) -> list[tuple[int, int]]:
+        """The encoder's map sizes for an input of h x w: every stride-2 layer rounds up (padded convolutions,
+        ceil-mode pooling), so any size works."""
+        return [(-(-h // s), -(-w // s)) for s in self.strides]
 
     def set_targets(self, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]) -> None:
         """The next training forward's targets (B, M, 5) and mask (B, M): its denoising groups come from them.
