@@ -98,10 +98,15 @@ def _worker_init(_: int) -> None:
             pass
 
 
+# what the training step reads on the device (engine/trainer.py): the staging thread copies these there ahead
+STEP_KEYS = ("img", "targets", "mask")
+
+
 class TrainLoader(DataLoader):
     """A DataLoader whose passes are page-locked through data/staging.PinnedStager when `stage_to` is a CUDA
-    device, instead of torch's pin-memory thread (which page-locks every queued batch). It keeps the pass it
-    opened last, so that opening the next one or releasing the workers ends its staging thread first."""
+    device, instead of torch's pin-memory thread (which page-locks every queued batch), and whose STEP_KEYS that
+    thread also copies to the device, on a stream of its own. It keeps the pass it opened last, so that opening
+    the next one or releasing the workers ends its staging thread first."""
 
     def __init__(self, *args: Any, stage_to: torch.device | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -113,7 +118,7 @@ class TrainLoader(DataLoader):
         it = super().__iter__()
         if self.stage_to is None:
             return it
-        self._stager = PinnedStager(it, self.stage_to)
+        self._stager = PinnedStager(it, self.stage_to, to_device=STEP_KEYS)
         return self._stager
 
     def close_stager(self) -> None:

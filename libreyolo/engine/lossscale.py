@@ -74,23 +74,24 @@ class ScaleSearch:
         self.agree, self.agree_min = agree, agree_min
         # float16 overflows first in activation gradients, which the optimizer never sees
         self._act_peaks: list[torch.Tensor] = []
-        self._recording = True
+        # removed after the first backward: the later passes would otherwise take the interpreter lock on autograd's
+        # thread once per hooked tensor, for nothing
+        self._tensor_hooks: list[RemovableHandle] = []
 
     def watch(self, net: nn.Module) -> list[RemovableHandle]:
         """Forward hooks on every module of net; remove them once the forward has run."""
 
         hooked: set[int] = set()
 
-        def record(g: torch.Tensor) -> None:
-            if self._recording:  # one kernel: max |g| (inf or NaN if any element is)
-                self._act_peaks.append(torch.linalg.vector_norm(g.detach(), math.inf))
+        def record(g: torch.Tensor) -> None:  # one kernel: max |g| (inf or NaN if any element is)
+            self._act_peaks.append(torch.linalg.vector_norm(g.detach(), math.inf))
 
         def on_output(_module: nn.Module, _inputs: Any, out: Any) -> None:
             for t in out if isinstance(out, (tuple, list)) else (out,):
                 # a container passes its last child's output on: one hook per tensor
                 if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype == torch.float16 and id(t) not in hooked:
                     hooked.add(id(t))
-                    t.register_hook(record)
+                    self._tensor_hooks.append(t.register_hook(record))
 
         return [m.register_forward_hook(on_output) for m in net.modules()]
 
@@ -105,7 +106,9 @@ class ScaleSearch:
                 for g in torch.autograd.grad(loss * float(2**e), inputs, retain_graph=True, allow_unused=True)
                 if g is not None
             ]
-            self._recording = False
+            for h in self._tensor_hooks:
+                h.remove()
+            self._tensor_hooks.clear()
             if not grads:
                 return self.agree(True)
             # the largest |gradient|: one multi-tensor kernel (an inf or NaN anywhere makes it non-finite)
