@@ -75,7 +75,6 @@ class _Slot:
     def upload(self, batch: dict[str, Any], keys: tuple[str, ...], stream: torch.cuda.Stream) -> dict[str, Any]:
         """Copies batch[keys] (staged, page-locked) into this slot's device buffers on `stream` (allocated there);
         the caller's stream waits for self.uploaded before it reads them."""
-
         out = dict(batch)
         dev = stream.device
 
