@@ -1,0 +1,231 @@
+"""The start of a `libreyolo train` process with ideas patched in, for an A/B on one machine before any of them
+goes into the library (needs a CUDA GPU for the ones that touch the warm-up).
+
+    T_LAUNCH=$(date +%s.%N) python benchmarks/start_variants.py VARIANT[,VARIANT...] -- data=... epochs=1 batch=16
+
+Runs the command as `libreyolo train` does (the CUDA driver's start begun before torch is imported) and ends the
+process at the first step event, printing one JSON line: seconds from T_LAUNCH (the shell's clock just before it
+started Python) to run_start and to the first step, and the wall time of the warm-up's forward, of the loss-scale
+search and of the trainer's wait for the warm-up. No sampler runs (start_trace.py's samples take the interpreter
+lock every 2 ms). Variants, each patched at run time over the library's own code:
+- base: nothing;
+- nohooks: no activation hooks for the scale search, whose first guess then comes from the weights' gradients
+  alone (bisection finds the same exponent, in more passes): no Python on autograd's thread while the setup runs
+  its own;
+- switch: the interpreter's switch interval 0.5 ms instead of 5 ms from the warm-up's start to its join, so that
+  the search's hooks wait less for the lock;
+- optwarm: the optimizer, loss-scaler and EMA update of the whole-step graph (engine/capturable.py) once on a
+  throwaway two-layer model in the warm-up's thread after the search, so that the first step finds their kernels
+  loaded;
+- shapes: the convolutions' and BatchNorms' shapes of the warm-up's forward, recorded by the first process into
+  /tmp/libreyolo-shapes-<batch>x<H>x<W>.json; a later process runs each shape once (forward and backward, last
+  layer first) in a helper thread beside the warm-up's forward (benchmarks/conv_prewarm.py measured it alone)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+T0 = float(os.environ.get("T_LAUNCH", time.time()))
+VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes")
+
+
+def main(variants: list[str], args: list[str]) -> None:
+    from libreyolo.cli import cudastart
+
+    cudastart.start(["train", *args])
+    import torch
+
+    import libreyolo.cli.main as cli_main
+    from libreyolo.engine import lossscale, trainer, warmup
+
+    out: dict[str, Any] = {"variants": variants}
+    spans: dict[str, float] = {}
+
+    def timed(owner: Any, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def run(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spans[label] = spans.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, run)
+
+    for v in variants:
+        apply(v, torch, lossscale, warmup)
+    timed(warmup.KernelWarmup, "_forward", "warmup_forward_s")
+    timed(lossscale.ScaleSearch, "search", "search_s")
+    timed(warmup.KernelWarmup, "join", "join_s")
+    emit = trainer.Trainer.emit
+
+    def emitted(self: Any, e: Any) -> None:
+        emit(self, e)
+        if e.type == "run_start":
+            out["run_start_s"] = round(time.time() - T0, 3)
+        elif e.type == "step":
+            out["first_step_s"] = round(time.time() - T0, 3)
+            out.update({k: round(v, 3) for k, v in spans.items()})
+            print(json.dumps(out), flush=True)
+            os._exit(0)
+
+    trainer.Trainer.emit = emitted  # type: ignore[method-assign]
+    cli_main.main(["train", *args])
+    print(json.dumps({**out, "error": "the run ended before its first step"}), flush=True)
+    os._exit(1)
+
+
+def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
+    KW = warmup.KernelWarmup
+    if variant == "nohooks":
+        lossscale.ScaleSearch.watch = lambda self, net: []
+    elif variant == "switch":
+        start, join = KW.start, KW.join
+
+        def start_fast(self: Any, *a: Any, **k: Any) -> Any:
+            sys.setswitchinterval(0.0005)
+            return start(self, *a, **k)
+
+        def join_restore(self: Any) -> None:
+            join(self)
+            sys.setswitchinterval(0.005)
+
+        KW.start, KW.join = start_fast, join_restore
+    elif variant == "optwarm":
+        backward = KW._backward
+
+        def backward_then_update(self: Any, *a: Any, **k: Any) -> None:
+            backward(self, *a, **k)
+            try:
+                update_once(torch, self.device)
+            except Exception as e:  # noqa: BLE001
+                print(f"optwarm failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+        KW._backward = backward_then_update
+    elif variant == "shapes":
+        patch_shapes(torch, KW)
+    elif variant != "base":
+        raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+
+
+def update_once(torch: Any, device: Any) -> None:
+    """CapturableUpdate.step() on a model of one convolution and one BatchNorm, made on the meta device and then
+    zeroed on the GPU (the random generators are left alone), with AdamW, an enabled scaler and an EMA."""
+    from torch import nn
+
+    from libreyolo.engine.capturable import CapturableUpdate
+    from libreyolo.engine.ema import ModelEMA
+    from libreyolo.engine.flat import FlatParams
+
+    with torch.device("meta"):
+        m = nn.Sequential(nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4))
+    m = m.to_empty(device=device)
+    with torch.no_grad():
+        for t in [*m.parameters(), *m.buffers()]:
+            t.zero_()
+    flat = FlatParams(m, torch.float16, channels_last=True)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(device.type, init_scale=16.0)
+    update = CapturableUpdate(opt, "AdamW", scaler, ModelEMA(m), 10.0, flat, device)
+    update.load_hyper()
+    update.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def patch_shapes(torch: Any, KW: Any) -> None:
+    import torch.nn.functional as F
+    from torch import nn
+
+    forward, join = KW._forward, KW.join
+    helpers: list[threading.Thread] = []
+
+    def cache_for(self: Any) -> Path:
+        img = self.make_batch()["img"]
+        return Path(f"/tmp/libreyolo-shapes-{'x'.join(str(s) for s in img.shape[:3])}.json")
+
+    def run_shapes(shapes: list[list[Any]], dtype: Any, channels_last: bool, device: Any) -> None:
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+        def zeros(shape: Any, dt: Any, grad: bool = True) -> Any:
+            t = torch.zeros(tuple(shape), dtype=dt, device=device)
+            return (t.contiguous(memory_format=fmt) if t.dim() == 4 else t).requires_grad_(grad)
+
+        for kind, *s in reversed(shapes):
+            if kind == "conv":
+                x, w, bias, stride, padding, dilation, groups = s
+                b = zeros((w[0],), dtype) if bias else None
+                y = F.conv2d(zeros(x, dtype), zeros(w, dtype), b, stride, padding, dilation, groups)
+            else:
+                x, momentum, eps = s
+                c = x[1]
+                y = F.batch_norm(
+                    zeros(x, dtype),
+                    zeros((c,), torch.float32, False),
+                    zeros((c,), torch.float32, False) + 1,
+                    zeros((c,), torch.float32),
+                    zeros((c,), torch.float32),
+                    True,
+                    momentum,
+                    eps,
+                )
+            y.backward(torch.zeros_like(y))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def forward_with_shapes(self: Any, net: Any, autocast_dtype: Any, channels_last: bool, scale: float) -> Any:
+        path = cache_for(self)
+        if path.is_file():
+            shapes = json.loads(path.read_text())
+            dtype = autocast_dtype or torch.float32
+            th = threading.Thread(target=run_shapes, args=(shapes, dtype, channels_last, self.device), daemon=True)
+            th.start()
+            helpers.append(th)
+            return forward(self, net, autocast_dtype, channels_last, scale)
+        seen: dict[str, list[Any]] = {}
+
+        def conv_hook(m: Any, a: Any) -> None:
+            s = ["conv", list(a[0].shape), list(m.weight.shape), m.bias is not None]
+            s += [list(m.stride), m.padding if isinstance(m.padding, str) else list(m.padding), list(m.dilation)]
+            seen.setdefault(json.dumps([*s, m.groups]), [*s, m.groups])
+
+        def norm_hook(m: Any, a: Any) -> None:
+            s = ["bn", list(a[0].shape), m.momentum if m.momentum is not None else 0.1, m.eps]
+            seen.setdefault(json.dumps(s), s)
+
+        hooks = [
+            m.register_forward_pre_hook(conv_hook if isinstance(m, nn.Conv2d) else norm_hook)
+            for m in net.modules()
+            if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))
+        ]
+        try:
+            return forward(self, net, autocast_dtype, channels_last, scale)
+        finally:
+            for h in hooks:
+                h.remove()
+            path.write_text(json.dumps(list(seen.values())))
+
+    def join_helpers(self: Any) -> None:
+        for th in helpers:
+            th.join()
+        helpers.clear()
+        join(self)
+
+    KW._forward, KW.join = forward_with_shapes, join_helpers
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[2] != "--":
+        raise SystemExit(__doc__)
+    chosen = sys.argv[1].split(",")
+    bad = [v for v in chosen if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"unknown variant(s) {bad}: choose from {', '.join(VARIANTS)}")
+    main(chosen, sys.argv[3:])
