@@ -64,33 +64,41 @@ def shapes(train: torch.nn.Module, img: torch.Tensor) -> Record:
     return rec
 
 
-def prewarm(rec: Record, dev: torch.device) -> None:
-    """Each recorded shape once, last first: forward and backward (autograd's device thread)."""
-    cl = torch.channels_last
+def prewarm(
+    convs: list[tuple],
+    bns: list[tuple],
+    dev: torch.device,
+    dtype: torch.dtype = torch.float16,
+    channels_last: bool = True,
+) -> None:
+    """Each recorded shape once (Record's convs and bns), last first: forward and backward (autograd's device
+    thread), in `dtype` (BatchNorm's weights float32, as under autocast). benchmarks/start_variants.py runs it too."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     done = set()
-    for x_shape, w_shape, bias, stride, padding, dilation, groups in reversed(rec.convs):
+    for x_shape, w_shape, bias, stride, padding, dilation, groups in reversed(convs):
         key = (x_shape, w_shape, bias, stride, padding, dilation, groups)
         if key in done:
             continue
         done.add(key)
-        x = torch.randn(x_shape, device=dev, dtype=torch.float16).contiguous(memory_format=cl).requires_grad_()
-        w = torch.randn(w_shape, device=dev, dtype=torch.float16).contiguous(memory_format=cl).requires_grad_()
-        b = torch.randn(w_shape[0], device=dev, dtype=torch.float16).requires_grad_() if bias else None
+        x = torch.randn(x_shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+        w = torch.randn(w_shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+        b = torch.randn(w_shape[0], device=dev, dtype=dtype).requires_grad_() if bias else None
         y = F.conv2d(x, w, b, stride, padding, dilation, groups)
         y.backward(torch.randn_like(y))
     seen = set()
-    for shape, _ in reversed(rec.bns):
+    for shape, _ in reversed(bns):
         if shape in seen or len(shape) != 4:
             continue
         seen.add(shape)
-        x = torch.randn(shape, device=dev, dtype=torch.float16).contiguous(memory_format=cl).requires_grad_()
+        x = torch.randn(shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
         c = shape[1]
         w = torch.ones(c, device=dev, requires_grad=True)
         b = torch.zeros(c, device=dev, requires_grad=True)
         rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
         y = F.batch_norm(x, rm, rv, w, b, True, 0.03, 1e-3)
         y.backward(torch.randn_like(y))
-    torch.cuda.synchronize(dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 def main() -> None:
@@ -118,7 +126,7 @@ def main() -> None:
 
         def run() -> None:
             t = time.perf_counter()
-            prewarm(rec, dev)
+            prewarm(rec.convs, rec.bns, dev)
             helper_s[0] = time.perf_counter() - t
 
         helper = threading.Thread(target=run, name="prewarm")

@@ -18,8 +18,8 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
   throwaway two-layer model in the warm-up's thread after the search, so that the first step finds their kernels
   loaded;
 - shapes: the convolutions' and BatchNorms' shapes of the warm-up's forward, recorded by the first process into
-  /tmp/libreyolo-shapes-<batch>x<H>x<W>.json; a later process runs each shape once (forward and backward, last
-  layer first) in a helper thread beside the warm-up's forward (benchmarks/conv_prewarm.py measured it alone)."""
+  /tmp/libreyolo-shapes-<batch>x<H>x<W>.json; a later process runs each shape once in a helper thread beside the
+  warm-up's forward (conv_prewarm.prewarm, which benchmarks/conv_prewarm.py measured alone)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def update_once(torch: Any, device: Any) -> None:
 
 
 def patch_shapes(torch: Any, KW: Any) -> None:
-    import torch.nn.functional as F
+    from conv_prewarm import prewarm  # this folder is on sys.path when run as a script
     from torch import nn
 
     forward, join = KW._forward, KW.join
@@ -151,54 +151,29 @@ def patch_shapes(torch: Any, KW: Any) -> None:
         img = self.make_batch()["img"]
         return Path(f"/tmp/libreyolo-shapes-{'x'.join(str(s) for s in img.shape[:3])}.json")
 
-    def run_shapes(shapes: list[list[Any]], dtype: Any, channels_last: bool, device: Any) -> None:
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-
-        def zeros(shape: Any, dt: Any, grad: bool = True) -> Any:
-            t = torch.zeros(tuple(shape), dtype=dt, device=device)
-            return (t.contiguous(memory_format=fmt) if t.dim() == 4 else t).requires_grad_(grad)
-
-        for kind, *s in reversed(shapes):
-            if kind == "conv":
-                x, w, bias, stride, padding, dilation, groups = s
-                b = zeros((w[0],), dtype) if bias else None
-                y = F.conv2d(zeros(x, dtype), zeros(w, dtype), b, stride, padding, dilation, groups)
-            else:
-                x, momentum, eps = s
-                c = x[1]
-                y = F.batch_norm(
-                    zeros(x, dtype),
-                    zeros((c,), torch.float32, False),
-                    zeros((c,), torch.float32, False) + 1,
-                    zeros((c,), torch.float32),
-                    zeros((c,), torch.float32),
-                    True,
-                    momentum,
-                    eps,
-                )
-            y.backward(torch.zeros_like(y))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def tuples(v: Any) -> Any:  # JSON gives lists back; prewarm's shapes are tuples (it keeps a set of them)
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
 
     def forward_with_shapes(self: Any, net: Any, autocast_dtype: Any, channels_last: bool, scale: float) -> Any:
         path = cache_for(self)
         if path.is_file():
             shapes = json.loads(path.read_text())
             dtype = autocast_dtype or torch.float32
-            th = threading.Thread(target=run_shapes, args=(shapes, dtype, channels_last, self.device), daemon=True)
+            args = (tuples(shapes["convs"]), tuples(shapes["bns"]), self.device, dtype, channels_last)
+            th = threading.Thread(target=prewarm, args=args, daemon=True)
             th.start()
             helpers.append(th)
             return forward(self, net, autocast_dtype, channels_last, scale)
-        seen: dict[str, list[Any]] = {}
+        convs: list[list[Any]] = []
+        bns: list[list[Any]] = []
 
         def conv_hook(m: Any, a: Any) -> None:
-            s = ["conv", list(a[0].shape), list(m.weight.shape), m.bias is not None]
-            s += [list(m.stride), m.padding if isinstance(m.padding, str) else list(m.padding), list(m.dilation)]
-            seen.setdefault(json.dumps([*s, m.groups]), [*s, m.groups])
+            padding = m.padding if isinstance(m.padding, str) else list(m.padding)
+            convs.append([list(a[0].shape), list(m.weight.shape), m.bias is not None, list(m.stride), padding])
+            convs[-1] += [list(m.dilation), m.groups]
 
         def norm_hook(m: Any, a: Any) -> None:
-            s = ["bn", list(a[0].shape), m.momentum if m.momentum is not None else 0.1, m.eps]
-            seen.setdefault(json.dumps(s), s)
+            bns.append([list(a[0].shape), True])
 
         hooks = [
             m.register_forward_pre_hook(conv_hook if isinstance(m, nn.Conv2d) else norm_hook)
@@ -210,7 +185,7 @@ def patch_shapes(torch: Any, KW: Any) -> None:
         finally:
             for h in hooks:
                 h.remove()
-            path.write_text(json.dumps(list(seen.values())))
+            path.write_text(json.dumps({"convs": convs, "bns": bns}))
 
     def join_helpers(self: Any) -> None:
         for th in helpers:
