@@ -90,7 +90,8 @@ def scaler_state(scaler: torch.amp.GradScaler) -> dict[str, Any]:
 def restore_train_state(
     ckpt: dict[str, Any], net: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: Any, ema: ModelEMA | None
 ) -> None:
-    """Puts a last.pt's train state (train_state above) back into the run's parts, random generators included."""
+    """Puts a last.pt's train state (train_state above) back into the run's network, optimizer, scaler and EMA. The
+    random generators are the caller's to restore (restore_rng), after anything that may still draw."""
     tr = ckpt["train"]
     load_weights(net, tr["net"], "last.pt train state")
     optimizer.load_state_dict(tr["optimizer"])
