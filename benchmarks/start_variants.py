@@ -19,7 +19,11 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
   loaded;
 - shapes: the convolutions' and BatchNorms' shapes of the warm-up's forward, recorded by the first process into
   /tmp/libreyolo-shapes-<batch>x<H>x<W>.json; a later process runs each shape once in a helper thread beside the
-  warm-up's forward (conv_prewarm.prewarm, which benchmarks/conv_prewarm.py measured alone)."""
+  warm-up's forward (conv_prewarm.prewarm, which benchmarks/conv_prewarm.py measured alone);
+- stream: no cache: hooks on the warm-up copy's convolutions and BatchNorms hand each new shape, as the warm-up's
+  forward reaches it, to a helper thread that runs that layer's forward and backward once on constant tensors of the
+  same shape, dtype and memory format (no random numbers drawn), so the backward's kernels load while the forward
+  runs; the warm-up's backward starts once the helper has drained its queue."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 T0 = float(os.environ.get("T_LAUNCH", time.time()))
-VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes")
+VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes", "stream")
 
 
 def main(variants: list[str], args: list[str]) -> None:
@@ -73,6 +77,8 @@ def main(variants: list[str], args: list[str]) -> None:
         elif e.type == "step":
             out["first_step_s"] = round(time.time() - T0, 3)
             out.update({k: round(v, 3) for k, v in spans.items()})
+            if "stream" in variants:
+                out["stream_wait_s"] = round(STREAM_WAIT[0], 3)
             print(json.dumps(out), flush=True)
             os._exit(0)
 
@@ -111,6 +117,8 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
         KW._backward = backward_then_update
     elif variant == "shapes":
         patch_shapes(torch, KW)
+    elif variant == "stream":
+        patch_stream(torch, KW)
     elif variant != "base":
         raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
 
@@ -194,6 +202,77 @@ def patch_shapes(torch: Any, KW: Any) -> None:
         join(self)
 
     KW._forward, KW.join = forward_with_shapes, join_helpers
+
+
+def patch_stream(torch: Any, KW: Any) -> None:
+    import queue
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    forward = KW._forward
+
+    def helper(q: Any) -> None:
+        while (item := q.get()) is not None:
+            kind, shape, dtype, fmt, rest = item
+            try:
+                x = torch.full(shape, 0.5, device="cuda", dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+                if kind == "conv":
+                    w_shape, bias, stride, padding, dilation, groups = rest
+                    w = torch.full(w_shape, 0.1, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+                    b = torch.zeros(w_shape[0], device="cuda", dtype=dtype).requires_grad_() if bias else None
+                    y = F.conv2d(x, w.requires_grad_(), b, stride, padding, dilation, groups)
+                else:
+                    c = shape[1]
+                    w = torch.ones(c, device="cuda", requires_grad=True)
+                    b = torch.zeros(c, device="cuda", requires_grad=True)
+                    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+                    y = F.batch_norm(x, rm, rv, w, b, True, 0.03, 1e-3)
+                y.backward(torch.ones_like(y))
+            except Exception as e:  # noqa: BLE001
+                print(f"stream helper: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def forward_streaming(self: Any, net: Any, autocast_dtype: Any, channels_last: bool, scale: float) -> Any:
+        q: Any = queue.SimpleQueue()
+        seen: set[Any] = set()
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        dtype = autocast_dtype or torch.float32
+
+        def conv_hook(m: Any, a: Any) -> None:
+            padding = m.padding if isinstance(m.padding, str) else tuple(m.padding)
+            rest = (tuple(m.weight.shape), m.bias is not None, tuple(m.stride), padding, tuple(m.dilation), m.groups)
+            key = ("conv", tuple(a[0].shape), rest)
+            if key not in seen and a[0].dim() == 4:
+                seen.add(key)
+                q.put(("conv", tuple(a[0].shape), dtype, fmt, rest))
+
+        def norm_hook(m: Any, a: Any) -> None:
+            key = ("bn", tuple(a[0].shape), a[0].dtype)
+            if key not in seen and a[0].dim() == 4:
+                seen.add(key)
+                q.put(("bn", tuple(a[0].shape), a[0].dtype, fmt, None))
+
+        hooks = [
+            m.register_forward_pre_hook(conv_hook if isinstance(m, nn.Conv2d) else norm_hook)
+            for m in net.modules()
+            if isinstance(m, (nn.Conv2d, nn.BatchNorm2d))
+        ]
+        th = threading.Thread(target=helper, args=(q,), name="stream-prewarm", daemon=True)
+        th.start()
+        try:
+            return forward(self, net, autocast_dtype, channels_last, scale)
+        finally:
+            for h in hooks:
+                h.remove()
+            q.put(None)
+            t = time.perf_counter()
+            th.join()
+            STREAM_WAIT[0] = time.perf_counter() - t
+
+    KW._forward = forward_streaming
+
+
+STREAM_WAIT = [0.0]
 
 
 if __name__ == "__main__":
