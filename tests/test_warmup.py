@@ -337,9 +337,9 @@ def test_a_resumed_run_restores_beside_the_warm_up_s_backward(tiny_data, tmp_pat
     orig_backward, orig_restore = KernelWarmup._backward, Trainer.restore
     overlapped = []
 
-    def slow(self, *args):
+    def slow(self, loss, inputs, t):
         time.sleep(0.5)  # the restore runs meanwhile
-        return orig_backward(self, *args)
+        return orig_backward(self, loss, inputs, t)
 
     def restore(self, ckpt):
         thread = self.s.kernel_warmup._thread

@@ -38,7 +38,6 @@ import torch
 from torch import nn
 
 from libreyolo.engine.lossscale import ScaleSearch, start_scale
-from libreyolo.engine.prewarm import LayerPrewarm
 from libreyolo.engine.step import feed_targets, train_forward
 from libreyolo.families import ExampleOutputs, LossFn
 
@@ -124,24 +123,18 @@ class KernelWarmup:
         cuda = self.device.type == "cuda"
         devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
         hooks = self.scale_search.watch(replica) if self.scale_search is not None else []
-        # the backward's first call per layer shape, in a helper, as the forward reaches each layer
-        prewarm = LayerPrewarm(self.device, autocast_dtype or torch.float32, channels_last) if cuda else None
-        if prewarm is not None:
-            hooks += prewarm.watch(replica)
         try:
             with torch.random.fork_rng(devices=devices):
                 loss = self._forward(replica, autocast_dtype, channels_last, batch_scale)
         except Exception as e:  # noqa: BLE001  (recorded: `failure` words it after join())
             self.error, self.seconds = e, time.perf_counter() - t
-            if prewarm is not None:
-                prewarm.finish()
             return
         finally:
             for h in hooks:
                 h.remove()
         inputs = [p for p in replica.parameters() if p.requires_grad]
         self._thread = threading.Thread(
-            target=self._backward, args=(loss, inputs, t, prewarm), name="libreyolo-warmup", daemon=True
+            target=self._backward, args=(loss, inputs, t), name="libreyolo-warmup", daemon=True
         )
         self._thread.start()
 
@@ -192,12 +185,8 @@ class KernelWarmup:
         loss, _ = self.loss_fn(outputs, targets, mask, imgsz, scale)
         return loss
 
-    def _backward(
-        self, loss: torch.Tensor, inputs: list[torch.Tensor], t: float, prewarm: LayerPrewarm | None = None
-    ) -> None:
+    def _backward(self, loss: torch.Tensor, inputs: list[torch.Tensor], t: float) -> None:
         try:
-            if prewarm is not None:
-                prewarm.finish()  # its last shapes, before the pass's own backward takes autograd's thread
             if self.scale_search is not None:
                 # the copy's gradients are the train net's at its first step: the same weights (float32 here,
                 # cast under autocast, where the step has float16 stand-ins of equal values) and the same batch
