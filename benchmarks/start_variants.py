@@ -23,7 +23,8 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
 - stream: no cache: hooks on the warm-up copy's convolutions and BatchNorms hand each new shape, as the warm-up's
   forward reaches it, to a helper thread that runs that layer's forward and backward once on constant tensors of the
   same shape, dtype and memory format (no random numbers drawn), so the backward's kernels load while the forward
-  runs; the warm-up's backward starts once the helper has drained its queue."""
+  runs; the warm-up's backward starts once the helper has drained its queue.
+What each did to the start on the H200 (none was adopted): docs/performance.md, fourteenth session."""
 
 from __future__ import annotations
 
