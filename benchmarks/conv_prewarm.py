@@ -21,6 +21,7 @@ import copy
 import json
 import threading
 import time
+from collections.abc import Callable
 
 T0 = time.perf_counter()
 import torch  # noqa: E402  (timed)
@@ -64,6 +65,30 @@ def shapes(train: torch.nn.Module, img: torch.Tensor) -> Record:
     return rec
 
 
+Make = Callable[..., torch.Tensor]  # torch.randn's signature: (shape, device=, dtype=) -> tensor
+
+
+def conv_once(key: tuple, dev: torch.device, dtype: torch.dtype, fmt: torch.memory_format, make: Make) -> None:
+    """One recorded convolution (Record's convs entry), forward and backward through autograd, on make's tensors."""
+    x_shape, w_shape, bias, stride, padding, dilation, groups = key
+    x = make(x_shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+    w = make(w_shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+    b = make((w_shape[0],), device=dev, dtype=dtype).requires_grad_() if bias else None
+    y = F.conv2d(x, w, b, stride, padding, dilation, groups)
+    y.backward(make(y.shape, device=dev, dtype=y.dtype).contiguous(memory_format=fmt))  # as y is laid out
+
+
+def norm_once(shape: tuple, dev: torch.device, dtype: torch.dtype, fmt: torch.memory_format, make: Make) -> None:
+    """One BatchNorm input shape in training mode, forward and backward (weights float32, as under autocast)."""
+    x = make(shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
+    c = shape[1]
+    w = torch.ones(c, device=dev, requires_grad=True)
+    b = torch.zeros(c, device=dev, requires_grad=True)
+    rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
+    y = F.batch_norm(x, rm, rv, w, b, True, 0.03, 1e-3)
+    y.backward(make(y.shape, device=dev, dtype=y.dtype).contiguous(memory_format=fmt))  # as y is laid out
+
+
 def prewarm(
     convs: list[tuple],
     bns: list[tuple],
@@ -75,28 +100,15 @@ def prewarm(
     thread), in `dtype` (BatchNorm's weights float32, as under autocast). benchmarks/start_variants.py runs it too."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     done = set()
-    for x_shape, w_shape, bias, stride, padding, dilation, groups in reversed(convs):
-        key = (x_shape, w_shape, bias, stride, padding, dilation, groups)
-        if key in done:
-            continue
-        done.add(key)
-        x = torch.randn(x_shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
-        w = torch.randn(w_shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
-        b = torch.randn(w_shape[0], device=dev, dtype=dtype).requires_grad_() if bias else None
-        y = F.conv2d(x, w, b, stride, padding, dilation, groups)
-        y.backward(torch.randn_like(y))
+    for key in reversed(convs):
+        if key not in done:
+            done.add(key)
+            conv_once(key, dev, dtype, fmt, torch.randn)
     seen = set()
     for shape, _ in reversed(bns):
-        if shape in seen or len(shape) != 4:
-            continue
-        seen.add(shape)
-        x = torch.randn(shape, device=dev, dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
-        c = shape[1]
-        w = torch.ones(c, device=dev, requires_grad=True)
-        b = torch.zeros(c, device=dev, requires_grad=True)
-        rm, rv = torch.zeros(c, device=dev), torch.ones(c, device=dev)
-        y = F.batch_norm(x, rm, rv, w, b, True, 0.03, 1e-3)
-        y.backward(torch.randn_like(y))
+        if shape not in seen and len(shape) == 4:
+            seen.add(shape)
+            norm_once(shape, dev, dtype, fmt, torch.randn)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 

@@ -208,28 +208,23 @@ def patch_shapes(torch: Any, KW: Any) -> None:
 def patch_stream(torch: Any, KW: Any) -> None:
     import queue
 
-    import torch.nn.functional as F
+    from conv_prewarm import conv_once, norm_once  # this folder is on sys.path when run as a script
     from torch import nn
 
     forward = KW._forward
 
+    def constant(shape: Any, device: Any, dtype: Any) -> Any:  # draws no random numbers, unlike torch.randn
+        return torch.full(shape, 0.5, device=device, dtype=dtype)
+
     def helper(q: Any) -> None:
+        dev = torch.device("cuda")
         while (item := q.get()) is not None:
             kind, shape, dtype, fmt, rest = item
             try:
-                x = torch.full(shape, 0.5, device="cuda", dtype=dtype).contiguous(memory_format=fmt).requires_grad_()
                 if kind == "conv":
-                    w_shape, bias, stride, padding, dilation, groups = rest
-                    w = torch.full(w_shape, 0.1, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
-                    b = torch.zeros(w_shape[0], device="cuda", dtype=dtype).requires_grad_() if bias else None
-                    y = F.conv2d(x, w.requires_grad_(), b, stride, padding, dilation, groups)
+                    conv_once((shape, *rest), dev, dtype, fmt, constant)
                 else:
-                    c = shape[1]
-                    w = torch.ones(c, device="cuda", requires_grad=True)
-                    b = torch.zeros(c, device="cuda", requires_grad=True)
-                    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-                    y = F.batch_norm(x, rm, rv, w, b, True, 0.03, 1e-3)
-                y.backward(torch.ones_like(y))
+                    norm_once(shape, dev, dtype, fmt, constant)
             except Exception as e:  # noqa: BLE001
                 print(f"stream helper: {type(e).__name__}: {e}", file=sys.stderr)
 
