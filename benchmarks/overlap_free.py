@@ -28,28 +28,30 @@ import torch
 
 
 def main(argv: list[str]) -> None:
-    from libreyolo.bench.step import DEFAULTS, _batch_on_device, make_runner
+    from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner
     from libreyolo.config import TrainConfig
-    from libreyolo.distributed.device import first_device
     from libreyolo.engine import step as step_module
-    from libreyolo.engine.state import CUDNN_BENCHMARK_MIN_STEPS, cudnn_benchmark_for
 
     keep = {"on": True}
+    library_backward = step_module.EagerStep._backward
+
+    class Kept:
+        """The loss as the library's _backward sees it, its backward keeping the graph."""
+
+        def __init__(self, loss: torch.Tensor) -> None:
+            self.loss = loss
+
+        def backward(self) -> None:
+            self.loss.backward(retain_graph=True)
 
     def backward(self: step_module.EagerStep, loss: torch.Tensor) -> None:
-        # the library's _backward, with the graph kept to the end on the overlap's helper thread
-        loss.backward(retain_graph=keep["on"] and threading.current_thread().name == "libreyolo-backward")
-        if self.flat is not None:
-            self.flat.gather_grads()
+        # the graph kept to the end only on the overlap's helper thread
+        on_helper = threading.current_thread().name == "libreyolo-backward"
+        library_backward(self, Kept(loss) if keep["on"] and on_helper else loss)  # type: ignore[arg-type]
 
     step_module.EagerStep._backward = backward  # type: ignore[method-assign]
     cfg = TrainConfig.from_overrides({**DEFAULTS, **dict(a.split("=", 1) for a in argv)})
-    device = first_device(cfg.device)
-    if device.type == "cuda":  # as `bench step` sets it
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = cudnn_benchmark_for(
-            cfg.cudnn_benchmark, cfg.deterministic, CUDNN_BENCHMARK_MIN_STEPS
-        )
+    device, _ = bench_device(cfg)
     data, nc = _batch_on_device(cfg, cfg.batch, device)
     step, parts = make_runner(cfg, device, nc, "eager")
     step.overlap_backward = True  # as the rule sets it on a GPU; forced so the script also runs on a CPU

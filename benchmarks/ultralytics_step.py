@@ -32,7 +32,7 @@ import time
 import torch
 
 
-def ultralytics_batch(batch: int, imgsz: int, device: torch.device) -> tuple[dict, int]:
+def ultralytics_batch(batch: int, imgsz: int) -> tuple[dict, int]:
     """bench step's batch -> Ultralytics' dict: img (B, 3, H, W) uint8 on the host, batch_idx, cls and bboxes
     (normalised centre x, y, width, height)."""
     from libreyolo.bench.step import _batch_on_device
@@ -71,9 +71,11 @@ def main() -> None:
     from ultralytics.nn.tasks import DetectionModel
     from ultralytics.utils.torch_utils import ModelEMA, init_seeds
 
+    from libreyolo.bench.step import timed_steps
+
     device = torch.device(a.device)
     cuda = device.type == "cuda"
-    host_batch, nc = ultralytics_batch(a.batch, a.imgsz, device)
+    host_batch, nc = ultralytics_batch(a.batch, a.imgsz)
     init_seeds(0, a.deterministic)
     model = DetectionModel(a.model, nc=nc, verbose=False).to(device)
     model.args = get_cfg()  # the loss reads its gains (box, cls, dfl) from here, as the trainer sets it
@@ -118,22 +120,7 @@ def main() -> None:
     if cuda:
         torch.cuda.synchronize()
     warmup_s = time.perf_counter() - t0
-    times = []
-    t_window = time.perf_counter()
-    for _ in range(a.steps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t) * 1000)
-    if cuda:
-        torch.cuda.synchronize()
+    times, mean_ms = timed_steps(step, a.steps, cuda)
     out = {
         "model": a.model,
         "batch": a.batch,
@@ -142,7 +129,7 @@ def main() -> None:
         "deterministic": a.deterministic,
         "median_ms": statistics.median(times),
         "min_ms": min(times),
-        "mean_ms": (time.perf_counter() - t_window) * 1000 / a.steps,
+        "mean_ms": mean_ms,
         "warmup_s": warmup_s,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -140,31 +141,13 @@ def bench_mode(
     parts_graphs = getattr(step, "parts", None) if cuda else None
     if parts_graphs is not None:
         parts_graphs.timings = []
-    times = []
-    t_window = time.perf_counter()
-    for _ in range(steps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            run(1)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            run(1)
-            times.append((time.perf_counter() - t) * 1000)
-    step.sync()  # an eager step's overlapped backward (engine/overlap.py) ends inside the window
-    if cuda:
-        torch.cuda.synchronize()
-    window_ms = (time.perf_counter() - t_window) * 1000
+    # an eager step's overlapped backward (engine/overlap.py) ends inside the back-to-back window
+    times, mean_ms = timed_steps(lambda: run(1), steps, cuda, step.sync)
     out: dict[str, Any] = {
         "mode": f"{mode} ddp" if ddp is not None else mode,
         "median_ms": statistics.median(times),
         "min_ms": min(times),
-        # the timed steps back to back, the last one's work included: optimizer steps and any work a step leaves
-        # running (an overlapped backward) count here, where the median of single steps may not show them
-        "mean_ms": window_ms / steps,
+        "mean_ms": mean_ms,
         "overlap_backward": bool(getattr(step, "overlap_backward", False)),
         "steps": steps,
         "accumulate": acc,
@@ -192,6 +175,46 @@ def bench_mode(
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def timed_steps(
+    one_step: Callable[[], None], steps: int, cuda: bool, finish: Callable[[], None] = lambda: None
+) -> tuple[list[float], float]:
+    """-> (each step's ms: between two CUDA events, synchronised after it; on a CPU its wall time, mean ms of the
+    steps back to back). The back-to-back figure includes the last step's work and finish() (work a step leaves
+    running, such as an overlapped backward), where the median of single steps may not show it."""
+    times = []
+    t_window = time.perf_counter()
+    for _ in range(steps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            one_step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            one_step()
+            times.append((time.perf_counter() - t) * 1000)
+    finish()
+    if cuda:
+        torch.cuda.synchronize()
+    return times, (time.perf_counter() - t_window) * 1000 / steps
+
+
+def bench_device(cfg: TrainConfig) -> tuple[torch.device, bool]:
+    """The benchmark's device, made current, and cuDNN's algorithm timing set as training sets it for a run long
+    enough that auto turns it on (a step as in a long run) -> (device, cudnn_benchmark)."""
+    from libreyolo.distributed.device import first_device
+    from libreyolo.engine.state import CUDNN_BENCHMARK_MIN_STEPS, cudnn_benchmark_for
+
+    device = first_device(cfg.device)
+    cudnn_benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, CUDNN_BENCHMARK_MIN_STEPS)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    return device, cudnn_benchmark
 
 
 def _single_rank_group(device_spec: str) -> Any:
@@ -239,16 +262,7 @@ def run(argv: list[str]) -> int:
     steps, warmup = max(kw.pop("steps", 24), 24), kw.pop("warmup", 16)
     as_json, kernels, ddp = kw.pop("json", False), kw.pop("kernels", True), kw.pop("ddp", False)
     cfg = TrainConfig.from_overrides({**DEFAULTS, **kw})
-    from libreyolo.distributed.device import first_device
-
-    device = first_device(cfg.device)
-    from libreyolo.engine.state import CUDNN_BENCHMARK_MIN_STEPS, cudnn_benchmark_for
-
-    # the training rule, for a run long enough that auto turns the timing on: a step as in a long run
-    cudnn_benchmark = cudnn_benchmark_for(cfg.cudnn_benchmark, cfg.deterministic, CUDNN_BENCHMARK_MIN_STEPS)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = cudnn_benchmark
+    device, cudnn_benchmark = bench_device(cfg)
     data, nc = _batch_on_device(cfg, cfg.batch, device)
     ctx = _single_rank_group(cfg.device) if ddp else None  # before any work: a CPU run cannot have it
     results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
