@@ -20,6 +20,11 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
 - shapes: the convolutions' and BatchNorms' shapes of the warm-up's forward, recorded by the first process into
   /tmp/libreyolo-shapes-<batch>x<H>x<W>.json; a later process runs each shape once in a helper thread beside the
   warm-up's forward (conv_prewarm.prewarm, which benchmarks/conv_prewarm.py measured alone);
+- confirm1: the scale search's passes at scale 1 and at its first guess only, where the library also checks the
+  guess plus one: a finite guess is taken as the largest finite exponent (so the run may start one halving lower
+  than it could); an overflowing guess bisects below it as before;
+- guess: the pass at scale 1 only; its first guess is taken as the largest finite exponent unchecked;
+Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
 - stream: no cache: hooks on the warm-up copy's convolutions and BatchNorms hand each new shape, as the warm-up's
   forward reaches it, to a helper thread that runs that layer's forward and backward once on constant tensors of the
   same shape, dtype and memory format (no random numbers drawn), so the backward's kernels load while the forward
@@ -37,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 T0 = float(os.environ.get("T_LAUNCH", time.time()))
-VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes", "stream")
+VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes", "stream", "confirm1", "guess")
+PASSES: list[list[Any]] = []  # the scale search's passes in this process: [exponent, finite, seconds]; the guess
 
 
 def main(variants: list[str], args: list[str]) -> None:
@@ -66,6 +72,7 @@ def main(variants: list[str], args: list[str]) -> None:
 
     for v in variants:
         apply(v, torch, lossscale, warmup)
+    record_passes(lossscale)  # around whichever search a variant put in place
     timed(warmup.KernelWarmup, "_forward", "warmup_forward_s")
     timed(lossscale.ScaleSearch, "search", "search_s")
     timed(warmup.KernelWarmup, "join", "join_s")
@@ -78,6 +85,7 @@ def main(variants: list[str], args: list[str]) -> None:
         elif e.type == "step":
             out["first_step_s"] = round(time.time() - T0, 3)
             out.update({k: round(v, 3) for k, v in spans.items()})
+            out["passes"] = PASSES
             if "stream" in variants:
                 out["stream_wait_s"] = round(STREAM_WAIT[0], 3)
             print(json.dumps(out), flush=True)
@@ -118,10 +126,55 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
         KW._backward = backward_then_update
     elif variant == "shapes":
         patch_shapes(torch, KW)
+    elif variant in ("confirm1", "guess"):
+        lossscale.largest_finite_exp = confirm1 if variant == "confirm1" else guess_only
     elif variant == "stream":
         patch_stream(torch, KW)
     elif variant != "base":
         raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+
+
+def record_passes(lossscale: Any) -> None:
+    """The search's passes timed (each ends in its host read) into PASSES, whichever search runs them."""
+    orig = lossscale.largest_finite_exp
+
+    def recorded(finite_at: Any, hi: int = lossscale.MAX_EXP, guess: Any = None) -> Any:
+        def timed(e: int) -> bool:
+            t = time.perf_counter()
+            ok = finite_at(e)
+            PASSES.append([e, ok, round(time.perf_counter() - t, 4)])
+            return ok
+
+        def guessed() -> int:
+            g = guess()
+            PASSES.append(["guess", g])
+            return g
+
+        return orig(timed, hi, guessed if guess is not None else None)
+
+    lossscale.largest_finite_exp = recorded
+
+
+def confirm1(finite_at: Any, hi: int = 24, guess: Any = None) -> int | None:
+    if not finite_at(0):
+        return None
+    g = min(max(guess(), 0), hi) if guess is not None else hi
+    if g == 0 or finite_at(g):
+        return g
+    lo, hi = 0, g - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if finite_at(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def guess_only(finite_at: Any, hi: int = 24, guess: Any = None) -> int | None:
+    if not finite_at(0):
+        return None
+    return min(max(guess(), 0), hi) if guess is not None else 0
 
 
 def update_once(torch: Any, device: Any) -> None:
