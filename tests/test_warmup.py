@@ -1,5 +1,5 @@
-"""The kernel warm-up (engine/warmup.py): one training pass on the train net, its backward in a thread, leaving no
-trace."""
+"""The kernel warm-up (engine/warmup.py): one training pass on a copy of the train net, its backward in a thread,
+leaving no trace."""
 
 import pytest
 import torch
@@ -58,7 +58,7 @@ def test_the_pass_runs_the_loss_and_leaves_no_trace():
     assert w.error is None and w.failure is None
     assert calls == [((2, 4, 14, 14), (16, 16), 4.0, True)]
     assert w.seconds is not None and w.seconds > 0
-    # nothing trained: no gradients, BatchNorm statistics as they were, the random stream untouched
+    # the copy trained, not the net: no gradients, BatchNorm statistics as they were, the random stream untouched
     assert all(p.grad is None for p in net.parameters())
     for k, v in net.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
@@ -183,8 +183,8 @@ def _sum_loss(outputs, targets, mask, imgsz, scale):
 
 
 def test_the_warm_up_reads_the_start_scale_off_its_batch_as_the_first_step_probe_does(monkeypatch):
-    """The warm-up runs on the run's first batch: the scale search there (its passes in the warm-up's thread) finds
-    what the probe at the first step finds."""
+    """The warm-up's copy has the train net's weights and runs on the run's first batch: the scale search on it
+    (its passes in the warm-up's thread) finds what the probe on the train net itself finds."""
     import threading
 
     torch.manual_seed(0)
@@ -213,7 +213,7 @@ def test_the_warm_up_reads_the_start_scale_off_its_batch_as_the_first_step_probe
     )
     assert w.scale == expected and expected[1] is not None and 0 < expected[1] < MAX_EXP
     assert len(warm_passes) >= 2 and set(warm_passes) == {"libreyolo-warmup"}
-    assert all(p.grad is None for p in net.parameters())  # nothing accumulated
+    assert all(p.grad is None for p in net.parameters())  # nothing accumulated, on the copy or the net
     for k, v in net.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
 
@@ -236,45 +236,15 @@ def test_a_peeked_first_batch_is_still_the_first_one_the_pass_returns():
         Peekable(iter([])).peek()
 
 
-def test_the_pass_runs_the_step_s_forward_on_the_net_and_its_buffers_stay_put_while_the_backward_runs():
-    """No copy of the net: the forward is the call the step makes (through FlatParams' stand-ins), its gradients are
-    taken for the stand-ins and land in no .grad, and the net's buffers are its own and unchanged as soon as start()
-    returns, while the backward still runs (it keeps the copies the forward updated), and after it."""
-    import threading
-
-    from libreyolo.engine.flat import FlatParams
-
+def test_the_kept_copy_is_handed_on_once():
     net = Dropping().train()
-    flat = FlatParams(net, None)
-    before = {k: v.clone() for k, v in net.state_dict().items()}
-    buffers = dict(net.named_buffers())
-    release = threading.Event()
-    calls: list[tuple[int, ...]] = []
-
-    def loss_fn(outputs, targets, mask, imgsz, scale):
-        outputs[0].register_hook(lambda g: None if release.wait(10) else None)  # holds the backward until released
-        loss = outputs[0].float().square().mean()
-        return loss, loss.detach()[None]
-
-    def forward(x: torch.Tensor):
-        calls.append(tuple(x.shape))
-        return flat.forward(x)
-
-    w = KernelWarmup(lambda: _batch(2, 16), loss_fn, torch.device("cpu"))
-    w.start(net, None, False, 1.0, forward, list(flat.proxies.values()))
-    try:
-        assert calls == [(2, 3, 16, 16)]
-        assert w._thread is not None and w._thread.is_alive()  # the backward waits in the hook
-        assert all(b is buffers[k] for k, b in net.named_buffers())
-        for k, v in net.state_dict().items():
-            torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
-    finally:
-        release.set()
-        w.join()
-    assert w.error is None
-    assert all(p.grad is None for p in flat.proxies.values()) and not flat.flat_grad.any()
-    for k, v in net.state_dict().items():
-        torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
+    w = KernelWarmup(lambda: _batch(2, 16), lambda o, *a: (o[0].float().mean(), None), torch.device("cpu"))
+    w.start(net, None, False, 1.0, keep=net.bn)
+    kept = w.take_copy()
+    assert isinstance(kept, nn.BatchNorm2d) and kept is not net.bn
+    assert not kept.training and all(not p.requires_grad and p.grad is None for p in kept.parameters())
+    torch.testing.assert_close(kept.weight, net.bn.weight, rtol=0, atol=0)
+    assert w.take_copy() is None
 
 
 def test_a_failure_is_recorded_not_raised():
@@ -355,9 +325,9 @@ def test_a_failed_warm_up_is_a_setup_warning_and_the_run_goes_on(tiny_data, tmp_
     assert [e.status for e in seen if e.type == "run_end"] == ["finished"]
 
 
-def test_a_resumed_run_restores_after_the_warm_up_s_backward(tiny_data, tmp_path, monkeypatch):
-    """The warm-up's backward reads the train net, which the restore writes: the setup waits for it first, and the
-    resumed run matches the uninterrupted one (both warmed up), bit for bit."""
+def test_a_resumed_run_restores_beside_the_warm_up_s_backward(tiny_data, tmp_path, monkeypatch):
+    """The backward may still run while the setup restores the checkpoint: the resumed run still matches the
+    uninterrupted one (both warmed up), bit for bit."""
     import time
 
     from test_train import _StopAfterEpoch, _train
@@ -368,7 +338,7 @@ def test_a_resumed_run_restores_after_the_warm_up_s_backward(tiny_data, tmp_path
     overlapped = []
 
     def slow(self, loss, inputs, t):
-        time.sleep(0.5)  # the restore must not run meanwhile
+        time.sleep(0.5)  # the restore runs meanwhile
         return orig_backward(self, loss, inputs, t)
 
     def restore(self, ckpt):
@@ -386,7 +356,7 @@ def test_a_resumed_run_restores_after_the_warm_up_s_backward(tiny_data, tmp_path
         pass
     last = tmp_path / "b" / "exp" / "weights" / "last.pt"
     LibreYOLO(last).train(resume=True, model=str(last))
-    assert overlapped == [False]
+    assert overlapped == [True]
     a = load_checkpoint(tmp_path / "a" / "exp" / "weights" / "last.pt")["model"]
     b = load_checkpoint(last)["model"]
     for k in a:

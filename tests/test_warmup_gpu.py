@@ -7,7 +7,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_the_warm_up_starts_a_float16_run_at_the_scale_the_first_step_probe_finds(tmp_path, monkeypatch):
-    """The warm-up reads the start loss scale off the run's first batch on the train net's first pass, before the
+    """The warm-up reads the start loss scale off the run's first batch on its copy of the train net, before the
     first step; the probe on the train net itself, run at that first step on the same batch, finds the same."""
     from libreyolo import LibreYOLO
     from libreyolo.data.shapes import make_shapes

@@ -98,8 +98,7 @@ def build_step_parts(
     it); batch_scale the loss multiplier, by default that same global batch (see families/yolo9/loss.py).
     flat=False keeps ordinary parameters (DDP's reducer hooks the registered parameters' gradients). prepare changes
     the train net's modules (SyncBatchNorm) before the flat storage resolves their parameter slots. warmup, if given,
-    starts its first pass on the train net as soon as that is placed and its flat storage built (engine/warmup.py):
-    what is built after it only reads the net while that pass's backward runs."""
+    starts its first pass on a copy of the train net as soon as that is placed (engine/warmup.py)."""
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     train_net = family.train_net(net, cfg).to(device)
     if prepare is not None:
@@ -108,10 +107,8 @@ def build_step_parts(
     if channels_last:
         train_net = train_net.to(memory_format=torch.channels_last)
     batch_scale = float(batch if batch_scale is None else batch_scale)
-    flat_params = FlatParams(train_net, amp.autocast_dtype, channels_last) if flat else None
-    if warmup is not None:  # the step's own forward, through the stand-ins, and their gradients
-        forward, inputs = (flat_params.forward, list(flat_params.proxies.values())) if flat_params else (None, None)
-        warmup.start(train_net, amp.autocast_dtype, channels_last, batch_scale, forward, inputs)
+    if warmup is not None:
+        warmup.start(train_net, amp.autocast_dtype, channels_last, batch_scale, keep=net)
     nbs = resolve_nbs(cfg.nbs, batch, n_train, cfg.epochs)
     accumulate = max(round(nbs / batch), 1)
     # optimizer=auto tells long runs from short ones by their optimizer steps at the nominal batch (with nbs=auto
@@ -122,6 +119,7 @@ def build_step_parts(
     decay = cfg.weight_decay * batch * accumulate / nbs
     optimizer = optim.build_optimizer(train_net, name, lr0, momentum, decay, device, family.param_groups)
     ema = ModelEMA(net, cfg.ema_decay, cfg.ema_tau) if cfg.ema else None
+    flat_params = FlatParams(train_net, amp.autocast_dtype, channels_last) if flat else None
     return StepParts(
         net=net,
         train_net=train_net,

@@ -69,8 +69,9 @@ class EpochValidations:
         # copy of its own, refreshed at each validation's start; elsewhere it reads the source itself
         self.background = s.device.type == "cuda" and s.is_main and not self.synchronous
         self.net = self.source
-        if self.background:  # made while the kernel warm-up's backward may still run: the copy only reads the source
-            self.net = copy.deepcopy(self.source).eval().requires_grad_(False)
+        if self.background:  # the kernel warm-up's copy of the detector, if any (one deep copy fewer)
+            kept = s.kernel_warmup.take_copy() if s.kernel_warmup is not None else None
+            self.net = kept if kept is not None else copy.deepcopy(self.source).eval().requires_grad_(False)
         self.stream = torch.cuda.Stream(s.device) if self.background else None
         # the validated network is updated in place: one graph serves every validation
         self.graph = None

@@ -6,8 +6,8 @@ gradients are large: a 15-epoch run of 800 images at batch 16 lost 10-11 of its 
 while the scale fell from 65,536 to 32 (H200, docs/performance.md). Here, before the first step, one forward
 and (usually) three backward passes of the first batch (torch.autograd.grad: nothing is accumulated, the optimizer
 never sees them) find the largest power of two at which every float16 gradient is finite; the run starts one
-halving below it, so the first steps are not skipped. The setup's kernel warm-up runs them on the train net's
-first pass, the backward passes in its thread (engine/warmup.py); a run without that warm-up (DDP, cuDNN's
+halving below it, so the first steps are not skipped. The setup's kernel warm-up runs them on its copy of the
+train net, the backward passes in its thread (engine/warmup.py); a run without that warm-up (DDP, cuDNN's
 algorithm timing on) runs them on the train net at its first step. The gradients' peaks at scale 1 (weights, and every
 module's float16 output) give the first guess, usually decided by the passes just above and below it. Later
 overflows still back the scale off and are counted as before. BatchNorm buffers are restored afterwards, so the

@@ -383,9 +383,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
             s.sinks.insert(2, tb)
             s.closers.insert(0, tb.close)
     trainer.s = s
-    if ckpt is not None:
-        if warmup is not None:  # its backward still reads the train net, which the restore writes
-            warmup.join()
+    if ckpt is not None:  # the kernel warm-up's backward may still run: it touches nothing restored here
         trainer.restore(ckpt)
     dist.seed_rank(cfg.seed)
     return s

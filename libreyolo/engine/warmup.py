@@ -1,39 +1,34 @@
-"""Kernel warm-up: a process's first training forward and backward, on the train net itself, early in the setup.
+"""Kernel warm-up: a process's first training forward and backward, on a copy of the train net, early in the setup.
 
 A CUDA process's first pass costs ~1.1-1.4 s more than its next ones (H200, LibreYOLO9t, batch 16, 640 px,
 float16: benchmarks/first_pass.py, docs/performance.md): cuDNN builds an execution plan per convolution shape,
 and kernels load on first use; the first call of a detection loss loads its own kernels too. As soon as the train
-net is on the GPU and its flat parameters are in place, the setup runs one forward and loss of it, as the step runs
-them (through the step's half stand-ins), then that pass's backward in a thread while it builds the optimizer, EMA,
-step runner and validation. The batch is the run's first one, read ahead from the loader's first pass
-(engine/passes.Peekable), or, where the setup opened no pass, the training set's first image repeated. A new float16
-run's start loss scale is read off that first batch here: the backward is then the scale search's passes
-(engine/lossscale.py), and the main thread no longer runs them before the first step.
+net is on the GPU, the setup runs one forward and loss of a copy of it on its own thread, then that pass's backward
+in a thread while it builds the optimizer, EMA, step runner and validation. The batch is the run's first one, read
+ahead from the loader's first pass (engine/passes.Peekable), or, where the setup opened no pass, the training set's
+first image repeated. A new float16 run's start loss scale is read off that first batch here: the backward is then
+the scale search's passes (engine/lossscale.py), and the main thread no longer runs them before the first step.
 Where the family gives example outputs (Family.example_outputs), the loss's own first call runs on them in another
 thread while the network's forward runs, so that its kernels load beside the network's.
 Why split so:
 - cuDNN caches execution plans per thread: the forward's plans serve only the thread that built them, and the
   run's own forward runs on the setup's thread. The backward's plans are built and cached in autograd's device
   thread, which every backward shares, whichever thread started it.
-- The forward and the loss are Python calling one op after another; beside the setup's own Python they would wait
-  for the interpreter lock. The backward runs in autograd's engine without it.
+- The forward and the loss are Python calling one op after another; beside the setup's own Python (the deep
+  copies) they would wait for the interpreter lock. The backward runs in autograd's engine without it.
 Kernels once loaded serve the whole process. On the H200 the run's first forward then took 39-58 ms instead of
 210-336 ms after a warm-up run wholly in a thread (docs/performance.md, eighth session).
 
-The pass leaves no trace, and needs no copy of the net (a deep copy took ~0.4 s of the start on the H200,
-docs/performance.md, sixteenth session):
-- its gradients come from torch.autograd.grad, so nothing accumulates in any .grad, and its activations are dropped;
-- the forward runs with the net's buffers swapped for copies (scratch_buffers: a train-mode BatchNorm updates its
-  running statistics, and its backward keeps them), the originals back in place as soon as the forward returns;
-- the random generators are restored around the forward and loss (a train-mode forward may draw: dropout, a
-  DETR's denoising noise); the backward draws nothing.
-While the backward runs, the setup only reads the net (the EMA's copy, the optimizer, the validation's copy, the
-first last.pt): a resumed run joins it before its state is restored into the net (engine/setup.py), and the trainer
-before its first step (a graph capture must not run beside it). A failure is only recorded: the run's own first
-step reports real errors."""
+The pass leaves no trace. Its gradients and activations are dropped, and so is the copy (but for the detector
+inside it, which the background validation takes over: take_copy). The random generators are restored around the
+forward and loss (a train-mode forward may draw: dropout, a DETR's denoising noise); the backward draws nothing. A
+failure is only recorded: the run's own first step reports real errors. A resumed run's state is restored while
+the backward runs (nothing restored is the copy's); the validation joins the thread before it takes the copy, and
+the trainer before its first step (a graph capture must not run beside it)."""
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable
@@ -85,28 +80,6 @@ def loss_beside(
     return thread
 
 
-def scratch_buffers(net: nn.Module) -> Callable[[], None]:
-    """Swaps every buffer of net's modules for a copy of it (a buffer shared by several modules for one copy) and
-    returns the function that puts the originals back. A pass run in between updates the copies (BatchNorm's
-    running statistics), and its backward keeps them, not the originals, which nothing then changes."""
-    slots: list[tuple[dict[str, Any], str, torch.Tensor]] = []
-    copies: dict[int, torch.Tensor] = {}
-    with torch.no_grad():
-        for m in net.modules():
-            for k, b in m._buffers.items():
-                if b is not None:
-                    if id(b) not in copies:
-                        copies[id(b)] = b.clone()
-                    slots.append((m._buffers, k, b))
-                    m._buffers[k] = copies[id(b)]
-
-    def put_back() -> None:
-        for d, k, b in slots:
-            d[k] = b
-
-    return put_back
-
-
 class KernelWarmup:
     def __init__(
         self,
@@ -129,7 +102,7 @@ class KernelWarmup:
         self.error: BaseException | None = None
         self.seconds: float | None = None  # from start() to the backward's end, once it has ended
         self._thread: threading.Thread | None = None
-        self._call: Callable[[torch.Tensor], Any] | None = None  # start()'s forward
+        self._kept: nn.Module | None = None
 
     def start(
         self,
@@ -137,31 +110,29 @@ class KernelWarmup:
         autocast_dtype: torch.dtype | None,
         channels_last: bool,
         batch_scale: float,
-        forward: Callable[[torch.Tensor], Any] | None = None,
-        inputs: list[torch.Tensor] | None = None,
+        keep: nn.Module | None = None,
     ) -> None:
-        """Runs the pass's forward and loss on the train net `net` here, then its backward in a thread. net: on its
-        device, in its memory format. forward(x): the step's call of the net (FlatParams.forward, on the half
-        stand-ins the step trains through); net itself by default. inputs: the leaves the step's gradients are
-        taken for (the stand-ins; net's parameters by default)."""
+        """Copies the train net and runs the pass's forward and loss on that copy here, then its backward in a
+        thread. net: on its device, in its memory format, before any flat storage. keep: a module inside net whose
+        copy take_copy() hands on afterwards (the validation's own copy of the detector: one deep copy fewer in the
+        setup)."""
         t = time.perf_counter()
+        memo: dict[int, Any] = {}
+        replica = copy.deepcopy(net, memo).train()
+        self._kept = memo.get(id(keep)) if keep is not None else None
         cuda = self.device.type == "cuda"
         devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
-        self._call = net if forward is None else forward
-        if inputs is None:
-            inputs = [p for p in net.parameters() if p.requires_grad]
-        hooks = self.scale_search.watch(net) if self.scale_search is not None else []
-        put_back = scratch_buffers(net)
+        hooks = self.scale_search.watch(replica) if self.scale_search is not None else []
         try:
             with torch.random.fork_rng(devices=devices):
-                loss = self._forward(net, autocast_dtype, channels_last, batch_scale)
+                loss = self._forward(replica, autocast_dtype, channels_last, batch_scale)
         except Exception as e:  # noqa: BLE001  (recorded: `failure` words it after join())
             self.error, self.seconds = e, time.perf_counter() - t
             return
         finally:
-            put_back()
             for h in hooks:
                 h.remove()
+        inputs = [p for p in replica.parameters() if p.requires_grad]
         self._thread = threading.Thread(
             target=self._backward, args=(loss, inputs, t), name="libreyolo-warmup", daemon=True
         )
@@ -172,6 +143,17 @@ class KernelWarmup:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def take_copy(self) -> nn.Module | None:
+        """After the pass: the copy of start()'s `keep`, in eval mode, without gradients (once). Its weights are
+        the start's and its BatchNorm statistics the pass's own: whoever takes it loads the weights it needs."""
+        self.join()
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            for p in kept.parameters():
+                p.grad = None
+            kept.eval().requires_grad_(False)
+        return kept
 
     @property
     def failure(self) -> str | None:
@@ -196,7 +178,7 @@ class KernelWarmup:
             dtype = autocast_dtype or torch.float32
             beside = loss_beside(*self.loss_beside, net, img.shape[0], imgsz, dtype, targets, mask, scale, self.device)
         try:
-            outputs = train_forward(net if self._call is None else self._call, img, autocast_dtype, channels_last)
+            outputs = train_forward(net, img, autocast_dtype, channels_last)
         finally:
             if beside is not None:
                 beside.join()
@@ -205,11 +187,13 @@ class KernelWarmup:
 
     def _backward(self, loss: torch.Tensor, inputs: list[torch.Tensor], t: float) -> None:
         try:
-            if self.scale_search is not None:  # the gradients of the run's first step: same weights, same batch
+            if self.scale_search is not None:
+                # the copy's gradients are the train net's at its first step: the same weights (float32 here,
+                # cast under autocast, where the step has float16 stand-ins of equal values) and the same batch
                 exp = self.scale_search.search(loss, inputs)
                 self.scale = (start_scale(exp), exp)
-            else:  # not .backward(): nothing may accumulate in the stand-ins' .grad, which the step gathers
-                torch.autograd.grad(loss, inputs, allow_unused=True)
+            else:
+                loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the pass's kernels ran before the thread counts as done
         except Exception as e:  # noqa: BLE001  (recorded: `failure` words it after join())
