@@ -74,9 +74,10 @@ class TrainConfig:
     )
     save_period: int = opt(-1, K.integer, "also save weights/epochN.pt every N epochs (-1: never)", "run")
     cache: bool | str = opt(
-        False,
+        "auto",
         K.bool_or("ram", "disk", "auto", true_means="ram"),
-        "cache decoded images: ram, disk, auto (ram if it fits, else none) or false",
+        "cache decoded images: auto (in RAM as the loader first decodes them, if they fit in a quarter of the "
+        "memory), ram (all before training), disk, or false",
         "run",
     )
     allow_empty: bool = opt(

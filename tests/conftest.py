@@ -87,6 +87,8 @@ def run_start_event(**changes):
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["LIBREYOLO_CACHE"] = str(tmp_path_factory.mktemp("libreyolo-cache"))
+    # cache=auto, the default, keeps images in RAM caches there, not in the host's /dev/shm
+    os.environ["LIBREYOLO_SHM_DIR"] = str(tmp_path_factory.mktemp("libreyolo-shm"))
     os.environ["CI"] = os.environ.get("CI", "1")
 
 

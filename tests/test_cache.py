@@ -72,6 +72,77 @@ def test_cache_modes_and_worker_counts_give_byte_identical_batches(tiny_data, tm
         src.close()
 
 
+def _reserved(src, timeout=30.0):
+    """Waits until the filling thread has reserved the whole of src's image slots."""
+    import time
+
+    src.get(0)  # maps the file
+    end = time.monotonic() + timeout
+    while int(src._reserved[0]) < len(src._data):
+        assert time.monotonic() < end, "the RAM cache's pages were never reserved"
+        time.sleep(0.01)
+
+
+def test_cache_auto_fills_as_the_loader_decodes_and_serves_the_same_batches(tiny_data, tmp_path, shm, monkeypatch):
+    """The default: a RAM cache made empty, filled by the loader's forked workers as they first decode each image
+    (no decoding before training), then read: byte-identical batches before, while and after it fills."""
+    from libreyolo.config import TrainConfig
+    from libreyolo.data import dataset as dataset_mod
+
+    assert TrainConfig().cache == "auto"
+    ls = _labels(_copy(tiny_data, tmp_path))
+    reference = _batches(ls, 32, None, 0)
+    decoded: list[int] = []
+    real = dataset_mod.load_resized
+    monkeypatch.setattr(dataset_mod, "load_resized", lambda *a: decoded.append(1) or real(*a))
+    src = open_image_cache("auto", ls, 32, "train", [], progress=False)
+    assert src.mode == "ram" and decoded == [] and all(src.get(i) is None for i in range(len(ls)))
+    _reserved(src)
+    for a, b in zip(_batches(ls, 32, src, 2), reference, strict=True):  # the workers fill it
+        assert torch.equal(a["img"], b["img"]) and torch.equal(a["targets"], b["targets"])
+    for i in range(len(ls)):
+        img = src.get(i)
+        assert img is not None and np.array_equal(img, load_resized(str(ls.files[i]), 32, max(ls.shapes[i])))
+        assert not img.flags.writeable  # the mapping is writable, a view handed out is not
+    monkeypatch.setattr(dataset_mod, "load_resized", lambda *a: pytest.fail("decoded an image the cache holds"))
+    for a, b in zip(_batches(ls, 32, src, 0), reference, strict=True):
+        assert torch.equal(a["img"], b["img"]) and torch.equal(a["targets"], b["targets"])
+    src.close()
+    assert not list(shm.glob("*.bin"))
+
+
+def test_cache_auto_stores_an_image_only_where_its_pages_are_reserved(tiny_data, tmp_path, shm, monkeypatch):
+    """Until the filling thread has reserved a slot's pages (posix_fallocate), an image is decoded and not stored,
+    so a /dev/shm that fills up costs images, never a SIGBUS; a later run on the same images reserves the rest."""
+    from libreyolo.data import ramcache
+
+    ls = _labels(_copy(tiny_data, tmp_path))
+    start = ramcache._start_reserving
+    monkeypatch.setattr(ramcache, "_start_reserving", lambda *a: None)  # the reservation never comes
+    src = open_image_cache("auto", ls, 64, "train", [], progress=False)
+    ds = YOLODataset(ls, 64, False, image_source=src)
+    ds.load(3)
+    assert src.get(3) is None and int(src._reserved[0]) == 0
+    monkeypatch.setattr(ramcache, "_start_reserving", start)
+    again = open_image_cache("auto", ls, 64, "train", [], progress=False)  # another process on the same images
+    assert not again.built and again.path == src.path
+    _reserved(src)
+    ds.load(3)
+    assert np.array_equal(again.get(3), load_resized(str(ls.files[3]), 64, max(ls.shapes[3])))
+    src.close()
+    again.close()
+
+
+def test_cache_auto_takes_at_most_a_quarter_of_the_memory(tmp_path):
+    from libreyolo.data.cache import auto_refusal
+
+    gb = 10**9
+    assert auto_refusal(3 * gb, tmp_path, available=60 * gb, total=16 * gb) is None
+    why = auto_refusal(5 * gb, tmp_path, available=60 * gb, total=16 * gb)
+    assert "needs 5.00 GB, more than a quarter of this machine's 16.00 GB" in why
+    assert "4.29 GB must stay free" in auto_refusal(3 * gb, tmp_path, available=6 * gb, total=16 * gb)
+
+
 def test_ram_cache_is_one_shared_file_removed_by_its_last_user(tiny_data, tmp_path, shm):
     root = _copy(tiny_data, tmp_path)
     ls = _labels(root)

@@ -1,5 +1,6 @@
-"""cfg.cache -> an image source for YOLODataset: `ram` (one shared buffer, data/ramcache.py), `disk` (.npy
-files, data/diskcache.py) or none.
+"""cfg.cache -> an image source for YOLODataset: `ram` (one shared buffer, data/ramcache.py, built before training),
+`auto` (the same buffer, filled as the loader first decodes each image), `disk` (.npy files, data/diskcache.py) or
+none.
 
 Both hold exactly what `decode.load_resized` returns, so batches are byte-identical with or without a
 cache. The bytes needed are known before anything is decoded (long side imgsz, uint8); a RAM cache that
@@ -28,6 +29,9 @@ class ImageSource(Protocol):
     bad: list[tuple[str, str]]
 
     def get(self, i: int) -> np.ndarray | None: ...
+
+    def put(self, i: int, img: np.ndarray) -> None:
+        """Image i as load_resized returned it, decoded because get(i) had none: kept by a cache being filled."""
 
     def close(self) -> None: ...
 
@@ -66,6 +70,18 @@ def ram_refusal(need: int, folder: Path, available: int | None = None, total: in
     return None
 
 
+def auto_refusal(need: int, folder: Path, available: int | None = None, total: int | None = None) -> str | None:
+    """ram_refusal, and for cache=auto (the default) also at most a quarter of the machine's memory: a run
+    that did not ask for a cache does not take more than that of it."""
+    total = psutil.virtual_memory().total if total is None else total
+    if need > total // 4:
+        return (
+            f"it needs {fmt_bytes(need)}, more than a quarter of this machine's {fmt_bytes(total)} of memory, "
+            "which cache=auto takes at most"
+        )
+    return ram_refusal(need, folder, available, total)
+
+
 def disk_refusal(need: int, folder: Path) -> str | None:
     root = _existing(folder)
     du = shutil.disk_usage(root)
@@ -100,7 +116,8 @@ def open_image_cache(
     note_bad: bool = True,
 ) -> ImageSource | None:
     """The image source for cache=mode (True means ram), falling back ram -> disk -> none when it won't fit;
-    `auto` is ram when it fits and otherwise none (it never writes beside the user's images unasked).
+    `auto` is ram, filled as the images are first decoded (no wait before training), when it fits in a quarter of
+    the memory (auto_refusal), and otherwise none (it never writes beside the user's images unasked).
     Warnings (fallbacks and, with note_bad, files that could not be decoded) are appended to notes; the
     source's `bad` lists those files too. Close the source at the end."""
     if not mode or not len(labels):
@@ -112,21 +129,23 @@ def open_image_cache(
     desc = f"caching {split} images ({len(files)}, imgsz {imgsz})"
     source: ImageSource | None = None
     if mode in ("ram", "auto"):
+        auto = mode == "auto"
         got = open_ram_cache(
             files,
             labels.shapes,
             labels.stamps,
             imgsz,
             desc,
-            lambda n, f: ram_refusal(n, f, available),
+            lambda n, f: (auto_refusal if auto else ram_refusal)(n, f, available),
             notes,
             threads,
             progress,
+            lazy=auto,
         )
-        if isinstance(got, str) and mode == "auto":
+        if isinstance(got, str) and auto:
             notes.append(
                 f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache "
-                "(cache=disk caches on disk)."
+                "(cache=ram or cache=disk cache them anyway, cache=false says nothing)."
             )
             return None
         if isinstance(got, str):

@@ -76,6 +76,8 @@ class YOLODataset(Dataset):
             img = load_resized(self.files[i], self.imgsz, max(self.labels.shapes[i]))
             if img is None:
                 return None, np.zeros((0, 5), np.float32)
+            if self.image_source is not None:  # a cache filled as images are first decoded (cache=auto) keeps it
+                self.image_source.put(i, img)
         h, w = img.shape[:2]
         lab = self.labels.labels[i]
         boxes = np.empty((len(lab), 5), np.float32)

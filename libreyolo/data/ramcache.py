@@ -1,15 +1,25 @@
-"""cache=ram: every image decoded once into ONE file in /dev/shm that every process maps read-only.
+"""cache=ram and cache=auto: every image decoded once into ONE file in /dev/shm that every process maps.
 
 Loader workers (forked or spawned) and the DDP ranks of one host all map the same pages, so the images
 are held once per host, not once per worker or per rank. The file is named by a hash of the file list,
 their sizes and modification times and imgsz; the first process builds it (under a host lock) while the
 others wait, then map it.
 
+Two ways to fill it:
+- built (cache=ram): every image decoded before training starts, by one thread per CPU; the file is then read-only;
+- filled (cache=auto, lazy=True): the file is made empty, at once, and each image is stored by whichever process
+  (a loader worker) first decodes it for a batch (`put`): the decoding the first epoch does anyway, with no wait at
+  the start; later epochs read it. The file's pages are reserved by a thread beside the run (posix_fallocate, in
+  chunks, on tmpfs the page zeroing), and an image is stored only once the pages of its slot are reserved, so a
+  /dev/shm that fills up meanwhile means fewer images cached, never a crash (SIGBUS) in a worker. Two workers
+  storing the same image write the same bytes; its index row says cached only after its bytes are written.
+
 Lifetime: every process using the file holds a shared lock on its `.lock` file; the last one to close
 deletes it (normally at the end of the run). A run that crashes leaves the file behind: the next run with
 the same images reuses it, and any run that builds a RAM cache deletes the ones no live process holds.
 
-Layout: [image slots][index: n rows of (offset, height, width, ok) int64][footer: magic, n, index offset]"""
+Layout: [image slots][index: n rows of (offset, height, width, ok) int64][footer: magic, n, index offset, bytes of
+the image slots reserved so far]"""
 
 from __future__ import annotations
 
@@ -18,6 +28,7 @@ import mmap
 import os
 import struct
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +39,10 @@ from libreyolo.data.decode import decode_all, slot_bytes
 from libreyolo.data.hostlock import HostLock, shared_dir
 from libreyolo.errors import DataError
 
-MAGIC = b"LYRAM001"
-_FOOTER = struct.Struct("<8sqq")
+MAGIC = b"LYRAM002"
+_FOOTER = struct.Struct("<8sqqq")
+_RESERVED_AT = 24  # the footer's reserved-bytes field
+RESERVE_CHUNK = 64 * 2**20  # bytes reserved per posix_fallocate call of the filling thread
 PREFIX = "libreyolo-ram-"
 
 
@@ -42,45 +55,72 @@ def cache_key(files: list[str], stamps: list[tuple[int, int] | None], imgsz: int
 
 
 class RamCache:
-    """`get(i)` -> a read-only (h, w, 3) uint8 view of image i, or None if it was not cached."""
+    """`get(i)` -> a read-only (h, w, 3) uint8 view of image i, or None if it is not cached (yet). A cache opened to
+    be filled (fill=True) stores what put(i, image) is given for an image it does not hold."""
 
     mode = "ram"
 
-    def __init__(self, path: Path, n: int, users: HostLock):
-        self.path, self.n, self._users = path, n, users
+    def __init__(self, path: Path, n: int, users: HostLock, fill: bool = False):
+        self.path, self.n, self._users, self.fill = path, n, users, fill
         self.bad: list[tuple[str, str]] = []
         self.built = False  # False when another process (or an earlier run) had built it
         self._data: np.ndarray | None = None
         self._index: np.ndarray | None = None
+        self._reserved: np.ndarray | None = None  # the footer's reserved-bytes field, as the filling thread writes it
         self._finalizer = weakref.finalize(self, _release, path, users, os.getpid())
 
     def get(self, i: int) -> np.ndarray | None:
         if self._index is None:
             self._map()
+        assert self._index is not None and self._data is not None
         off, h, w, ok = (int(v) for v in self._index[i])
         if not ok:
             return None
-        return self._data[off : off + h * w * 3].reshape(h, w, 3)
+        img = self._data[off : off + h * w * 3].reshape(h, w, 3)
+        img.flags.writeable = False  # a mapping opened to be filled is writable: augmentations must copy
+        return img
+
+    def put(self, i: int, img: np.ndarray) -> None:
+        """Store image i (what load_resized returned) if this cache is being filled, does not hold it yet, the
+        image fits its slot and the slot's pages are reserved; otherwise nothing."""
+        if not self.fill:
+            return
+        if self._index is None:
+            self._map()
+        assert self._index is not None and self._data is not None and self._reserved is not None
+        row = self._index[i]
+        if row[3]:
+            return
+        off = int(row[0])
+        end = int(self._index[i + 1, 0]) if i + 1 < self.n else len(self._data)
+        if off + img.nbytes > min(end, int(self._reserved[0])):
+            return  # an unexpected shape, or pages not reserved (yet): decoded again at the next access
+        self._data[off : off + img.nbytes] = img.reshape(-1)
+        row[1], row[2] = img.shape[0], img.shape[1]
+        row[3] = 1  # last: a reader that sees it sees the bytes
 
     def _map(self) -> None:
-        with open(self.path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        magic, n, idx_off = _FOOTER.unpack_from(mm, len(mm) - _FOOTER.size) if len(mm) >= _FOOTER.size else (b"", 0, 0)
+        with open(self.path, "r+b" if self.fill else "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_WRITE if self.fill else mmap.ACCESS_READ)
+        magic, n, idx_off, _ = (
+            _FOOTER.unpack_from(mm, len(mm) - _FOOTER.size) if len(mm) >= _FOOTER.size else (b"", 0, 0, 0)
+        )
         if magic != MAGIC or n != self.n:
             raise DataError(f"{self.path} is not a complete RAM cache of {self.n} images; delete it and start again")
         self._index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
         self._data = np.frombuffer(mm, np.uint8, count=idx_off)
+        self._reserved = np.frombuffer(mm, np.int64, count=1, offset=len(mm) - _FOOTER.size + _RESERVED_AT)
 
     def close(self) -> None:
         """Stop using the cache; the last process on the host to close it deletes the file."""
-        self._data = self._index = None
+        self._data = self._index = self._reserved = None
         if self._finalizer is not None:  # None in a spawned worker, which holds no lock to release
             self._finalizer()
 
     def __getstate__(self) -> dict:
         # a spawned worker receives the path and maps the file itself: the pages are never pickled
         state = dict(self.__dict__)
-        state.update(_data=None, _index=None, _finalizer=None)
+        state.update(_data=None, _index=None, _reserved=None, _finalizer=None)
         return state
 
 
@@ -104,9 +144,11 @@ def open_ram_cache(
     notes: list[str],
     threads: int | None = None,
     progress: bool = True,
+    lazy: bool = False,
 ) -> RamCache | str:
     """Map the host's RAM cache of these files, building it first if no process has. `refuse(bytes, folder)`
-    returns a reason not to build (memory), which is returned instead of a cache."""
+    returns a reason not to build (memory), which is returned instead of a cache. lazy: make it empty and fill it
+    as the images are first decoded (RamCache.put) instead of building it first."""
     folder = shared_dir()
     key = cache_key(files, stamps, imgsz)
     path = folder / f"{PREFIX}{key}.bin"
@@ -123,12 +165,16 @@ def open_ram_cache(
                 )
             build.acquire()
         try:
-            cache = RamCache(path, len(files), users)
+            cache = RamCache(path, len(files), users, fill=lazy)
             if path.exists():
                 try:
                     cache._map()
-                    missing = np.flatnonzero(cache._index[:, 3] == 0)
-                    cache.bad = [(files[i], "could not be decoded when this RAM cache was built") for i in missing]
+                    assert cache._index is not None and cache._data is not None and cache._reserved is not None
+                    if lazy:  # filled as it goes: reserve what its maker did not get to
+                        _start_reserving(path, int(cache._reserved[0]), len(cache._data))
+                    else:
+                        missing = np.flatnonzero(cache._index[:, 3] == 0)
+                        cache.bad = [(files[i], "could not be decoded when this RAM cache was built") for i in missing]
                     return cache
                 except (DataError, ValueError, OSError):
                     path.unlink(missing_ok=True)  # a cache file from another version or a torn copy
@@ -141,7 +187,11 @@ def open_ram_cache(
                 users.release()
                 return why
             try:
-                cache.bad = _build(path, files, shapes, slots, imgsz, desc, threads, progress)
+                if lazy:
+                    _create(path, slots)
+                    _start_reserving(path, 0, _data_bytes(slots))
+                else:
+                    cache.bad = _build(path, files, shapes, slots, imgsz, desc, threads, progress)
             except OSError as e:  # ENOSPC from the reservation, a folder we may not write
                 cache._finalizer.detach()
                 users.release()
@@ -155,6 +205,78 @@ def open_ram_cache(
         raise
 
 
+def _data_bytes(slots: np.ndarray) -> int:
+    """The image slots' bytes, rounded up to 8 for the index that follows them."""
+    return -(-int(slots.sum()) // 8) * 8
+
+
+def _layout(path: Path, slots: np.ndarray, reserve: bool) -> tuple[Path, mmap.mmap, np.ndarray, np.ndarray]:
+    """A new cache file's partial copy beside path, mapped, with every slot's offset in its index and nothing
+    cached: (its path, the mapping, the image bytes, the index). reserve: posix_fallocate it whole first."""
+    n = len(slots)
+    idx_off = _data_bytes(slots)
+    total = idx_off + n * 32 + _FOOTER.size
+    tmp = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    try:
+        with open(tmp, "w+b") as f:
+            if reserve and hasattr(os, "posix_fallocate"):
+                # every page now: a tmpfs that fills up fails here with ENOSPC, not with a SIGBUS that kills the
+                # process halfway through writing the images
+                os.posix_fallocate(f.fileno(), 0, total)
+            else:
+                f.truncate(total)
+            mm = mmap.mmap(f.fileno(), total)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    data = np.frombuffer(mm, np.uint8, count=idx_off)
+    index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
+    index[:, 0] = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
+    return tmp, mm, data, index
+
+
+def _finish(tmp: Path, path: Path, mm: mmap.mmap, n: int, idx_off: int, reserved: int) -> None:
+    _FOOTER.pack_into(mm, len(mm) - _FOOTER.size, MAGIC, n, idx_off, reserved)
+    mm.flush()
+    mm.close()
+    os.replace(tmp, path)
+
+
+def _create(path: Path, slots: np.ndarray) -> None:
+    """An empty cache file, to be filled by put() once a reserving thread has reserved its pages."""
+    tmp, mm, data, index = _layout(path, slots, reserve=False)
+    try:
+        del data, index  # views pin the mapping: close() fails while one exists
+        _finish(tmp, path, mm, len(slots), _data_bytes(slots), 0)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _start_reserving(path: Path, start: int, end: int) -> None:
+    """Reserve the pages of path's image slots from byte `start` to `end` in a daemon thread, chunk by chunk, and
+    after each chunk record how far it got in the file's footer, where put() reads it. Without posix_fallocate
+    (macOS) the pages are taken as they are written, and everything counts as reserved at once. A failure
+    (ENOSPC: /dev/shm filled up) leaves the rest uncached."""
+    if start >= end:
+        return
+
+    def run() -> None:
+        try:
+            with open(path, "r+b") as f:
+                at = os.fstat(f.fileno()).st_size - _FOOTER.size + _RESERVED_AT
+                done = start
+                while done < end and path.exists():  # a run that ended (its last user deleted it) stops it
+                    step = min(RESERVE_CHUNK, end - done)
+                    if hasattr(os, "posix_fallocate"):
+                        os.posix_fallocate(f.fileno(), done, step)
+                    done += step
+                    os.pwrite(f.fileno(), struct.pack("<q", done), at)
+        except OSError:
+            pass  # what is reserved so far is filled; the rest stays uncached
+
+    threading.Thread(target=run, name="libreyolo-ram-reserve", daemon=True).start()
+
+
 def _build(
     path: Path,
     files: list[str],
@@ -165,33 +287,13 @@ def _build(
     threads: int | None,
     progress: bool,
 ) -> list[tuple[str, str]]:
-    n = len(files)
-    offsets = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
-    idx_off = -(-int(slots.sum()) // 8) * 8
-    total = idx_off + n * 32 + _FOOTER.size
-    tmp = path.with_name(f"{path.name}.partial-{os.getpid()}")
+    tmp, mm, data, index = _layout(path, slots, reserve=True)
     try:
-        with open(tmp, "w+b") as f:
-            if hasattr(os, "posix_fallocate"):
-                # reserve every page now: a tmpfs that fills up fails here with ENOSPC, not with a SIGBUS
-                # that kills the process halfway through writing the images
-                os.posix_fallocate(f.fileno(), 0, total)
-            else:
-                f.truncate(total)
-            mm = mmap.mmap(f.fileno(), total)
-        data = np.frombuffer(mm, np.uint8, count=idx_off)
-        index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
-        index[:, 0] = offsets
-
-        store = _writer(data, index, offsets, slots)
-
+        store = _writer(data, index, index[:, 0].copy(), slots)
         long_sides = [max(s) for s in shapes]
         bad = decode_all(files, long_sides, imgsz, store, f"{desc} -> RAM", threads, progress)
-        _FOOTER.pack_into(mm, total - _FOOTER.size, MAGIC, n, idx_off)
-        mm.flush()
         del store, data, index  # views pin the mapping: close() fails while one exists
-        mm.close()
-        os.replace(tmp, path)
+        _finish(tmp, path, mm, len(files), _data_bytes(slots), _data_bytes(slots))
     finally:
         tmp.unlink(missing_ok=True)
     return bad
