@@ -158,17 +158,12 @@ def record_passes(lossscale: Any) -> None:
 def confirm1(finite_at: Any, hi: int = 24, guess: Any = None) -> int | None:
     if not finite_at(0):
         return None
+    from libreyolo.engine.lossscale import bisect_largest
+
     g = min(max(guess(), 0), hi) if guess is not None else hi
     if g == 0 or finite_at(g):
         return g
-    lo, hi = 0, g - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if finite_at(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return bisect_largest(finite_at, 0, g - 1)
 
 
 def guess_only(finite_at: Any, hi: int = 24, guess: Any = None) -> int | None:

@@ -40,7 +40,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "amp_dtype": ("float16", "bfloat16"),
     "cuda_graph": ("auto", "false", "true", "full"),  # auto, the default, first
     "profile": ("false", "true"),
-    "cache": ("false", "ram", "disk"),
+    "cache": ("auto", "false", "ram", "disk"),  # auto, the default, first
 }
 
 # the defaults and help of `libreyolo train` itself (a family's own key never shadows a shared one)

@@ -133,6 +133,21 @@ def test_cache_auto_stores_an_image_only_where_its_pages_are_reserved(tiny_data,
     again.close()
 
 
+def test_cache_ram_after_cache_auto_fills_the_rest_and_calls_no_image_bad(tiny_data, tmp_path, shm):
+    """A file cache=auto made (a run still using it, or one that crashed) is reused by cache=ram: the images not
+    stored yet are filled as they are decoded, not reported as undecodable."""
+    ls = _labels(_copy(tiny_data, tmp_path))
+    auto = open_image_cache("auto", ls, 64, "train", [], progress=False)
+    notes: list[str] = []
+    ram = open_image_cache("ram", ls, 64, "train", notes, progress=False)
+    assert not ram.built and ram.path == auto.path and ram.fill and notes == [] and ram.bad == []
+    _reserved(ram)
+    YOLODataset(ls, 64, False, image_source=ram).load(6)
+    assert np.array_equal(auto.get(6), load_resized(str(ls.files[6]), 64, max(ls.shapes[6])))
+    ram.close()
+    auto.close()
+
+
 def test_cache_auto_takes_at_most_a_quarter_of_the_memory(tmp_path):
     from libreyolo.data.cache import auto_refusal
 

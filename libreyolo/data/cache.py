@@ -145,7 +145,7 @@ def open_image_cache(
         if isinstance(got, str) and auto:
             notes.append(
                 f"cache=auto for the {split} images (imgsz {imgsz}): {got}; training without an image cache "
-                "(cache=ram or cache=disk cache them anyway, cache=false says nothing)."
+                "(cache=ram or cache=disk cache them anyway; cache=false trains without one and without this note)."
             )
             return None
         if isinstance(got, str):

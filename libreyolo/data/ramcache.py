@@ -39,7 +39,8 @@ from libreyolo.data.decode import decode_all, slot_bytes
 from libreyolo.data.hostlock import HostLock, shared_dir
 from libreyolo.errors import DataError
 
-MAGIC = b"LYRAM002"
+MAGIC = b"LYRAM002"  # built: every image decoded before the file was put in place
+FILLING = b"LYRAMF02"  # made empty, filled as images are decoded
 _FOOTER = struct.Struct("<8sqqq")
 _RESERVED_AT = 24  # the footer's reserved-bytes field
 RESERVE_CHUNK = 64 * 2**20  # bytes reserved per posix_fallocate call of the filling thread
@@ -67,6 +68,7 @@ class RamCache:
         self._data: np.ndarray | None = None
         self._index: np.ndarray | None = None
         self._reserved: np.ndarray | None = None  # the footer's reserved-bytes field, as the filling thread writes it
+        self.filling = False  # the file was made to be filled (not built), as read from it
         self._finalizer = weakref.finalize(self, _release, path, users, os.getpid())
 
     def get(self, i: int) -> np.ndarray | None:
@@ -105,8 +107,9 @@ class RamCache:
         magic, n, idx_off, _ = (
             _FOOTER.unpack_from(mm, len(mm) - _FOOTER.size) if len(mm) >= _FOOTER.size else (b"", 0, 0, 0)
         )
-        if magic != MAGIC or n != self.n:
+        if magic not in (MAGIC, FILLING) or n != self.n:
             raise DataError(f"{self.path} is not a complete RAM cache of {self.n} images; delete it and start again")
+        self.filling = magic == FILLING
         self._index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
         self._data = np.frombuffer(mm, np.uint8, count=idx_off)
         self._reserved = np.frombuffer(mm, np.int64, count=1, offset=len(mm) - _FOOTER.size + _RESERVED_AT)
@@ -169,10 +172,13 @@ def open_ram_cache(
             if path.exists():
                 try:
                     cache._map()
+                    if cache.filling and not cache.fill:  # cache=ram after cache=auto: fill the rest as it goes
+                        cache.fill = True
+                        cache._map()
                     assert cache._index is not None and cache._data is not None and cache._reserved is not None
-                    if lazy:  # filled as it goes: reserve what its maker did not get to
+                    if cache.fill:  # reserve what its maker did not get to
                         _start_reserving(path, int(cache._reserved[0]), len(cache._data))
-                    else:
+                    if not cache.filling:
                         missing = np.flatnonzero(cache._index[:, 3] == 0)
                         cache.bad = [(files[i], "could not be decoded when this RAM cache was built") for i in missing]
                     return cache
@@ -235,8 +241,8 @@ def _layout(path: Path, slots: np.ndarray, reserve: bool) -> tuple[Path, mmap.mm
     return tmp, mm, data, index
 
 
-def _finish(tmp: Path, path: Path, mm: mmap.mmap, n: int, idx_off: int, reserved: int) -> None:
-    _FOOTER.pack_into(mm, len(mm) - _FOOTER.size, MAGIC, n, idx_off, reserved)
+def _finish(tmp: Path, path: Path, mm: mmap.mmap, n: int, idx_off: int, reserved: int, magic: bytes) -> None:
+    _FOOTER.pack_into(mm, len(mm) - _FOOTER.size, magic, n, idx_off, reserved)
     mm.flush()
     mm.close()
     os.replace(tmp, path)
@@ -247,7 +253,7 @@ def _create(path: Path, slots: np.ndarray) -> None:
     tmp, mm, data, index = _layout(path, slots, reserve=False)
     try:
         del data, index  # views pin the mapping: close() fails while one exists
-        _finish(tmp, path, mm, len(slots), _data_bytes(slots), 0)
+        _finish(tmp, path, mm, len(slots), _data_bytes(slots), 0, FILLING)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -293,7 +299,7 @@ def _build(
         long_sides = [max(s) for s in shapes]
         bad = decode_all(files, long_sides, imgsz, store, f"{desc} -> RAM", threads, progress)
         del store, data, index  # views pin the mapping: close() fails while one exists
-        _finish(tmp, path, mm, len(files), _data_bytes(slots), _data_bytes(slots))
+        _finish(tmp, path, mm, len(files), _data_bytes(slots), _data_bytes(slots), MAGIC)
     finally:
         tmp.unlink(missing_ok=True)
     return bad

@@ -50,6 +50,11 @@ def largest_finite_exp(
             lo = g + 1
         elif g > 0:
             hi = g - 1
+    return bisect_largest(finite_at, lo, hi)
+
+
+def bisect_largest(finite_at: Callable[[int], bool], lo: int, hi: int) -> int:
+    """The largest e in [lo, hi] with finite_at(e), given finite_at(lo) (overflow is monotone in the scale)."""
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if finite_at(mid):
