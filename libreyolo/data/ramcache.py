@@ -261,9 +261,13 @@ def _create(path: Path, slots: np.ndarray) -> None:
 def _start_reserving(path: Path, start: int, end: int) -> None:
     """Reserve the pages of path's image slots from byte `start` to `end` in a daemon thread, chunk by chunk, and
     after each chunk record how far it got in the file's footer, where put() reads it. Without posix_fallocate
-    (macOS) the pages are taken as they are written, and everything counts as reserved at once. A failure
+    (macOS, Windows) the pages are taken as they are written, and everything counts as reserved at once. A failure
     (ENOSPC: /dev/shm filled up) leaves the rest uncached."""
     if start >= end:
+        return
+    if not hasattr(os, "posix_fallocate"):
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+            struct.pack_into("<q", mm, len(mm) - _FOOTER.size + _RESERVED_AT, end)
         return
 
     def run() -> None:
@@ -273,8 +277,7 @@ def _start_reserving(path: Path, start: int, end: int) -> None:
                 done = start
                 while done < end and path.exists():  # a run that ended (its last user deleted it) stops it
                     step = min(RESERVE_CHUNK, end - done)
-                    if hasattr(os, "posix_fallocate"):
-                        os.posix_fallocate(f.fileno(), done, step)
+                    os.posix_fallocate(f.fileno(), done, step)
                     done += step
                     os.pwrite(f.fileno(), struct.pack("<q", done), at)
         except OSError:
