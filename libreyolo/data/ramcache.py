@@ -9,17 +9,16 @@ Two ways to fill it:
 - built (cache=ram): every image decoded before training starts, by one thread per CPU; the file is then read-only;
 - filled (cache=auto, lazy=True): the file is made empty, at once, and each image is stored by whichever process
   (a loader worker) first decodes it for a batch (`put`): the decoding the first epoch does anyway, with no wait at
-  the start; later epochs read it. The file's pages are reserved by a thread beside the run (posix_fallocate, in
-  chunks, on tmpfs the page zeroing), and an image is stored only once the pages of its slot are reserved, so a
-  /dev/shm that fills up meanwhile means fewer images cached, never a crash (SIGBUS) in a worker. Two workers
-  storing the same image write the same bytes; its index row says cached only after its bytes are written.
+  the start; later epochs read it. The worker reserves its image's pages (posix_fallocate) before writing them, so a
+  /dev/shm that fills up meanwhile means fewer images cached, never a crash (SIGBUS) in a worker; the page zeroing
+  is done by the (niced) workers as they go, not by a thread of the training process competing with its start. Two
+  workers storing the same image write the same bytes; its index row says cached only after its bytes are written.
 
 Lifetime: every process using the file holds a shared lock on its `.lock` file; the last one to close
 deletes it (normally at the end of the run). A run that crashes leaves the file behind: the next run with
 the same images reuses it, and any run that builds a RAM cache deletes the ones no live process holds.
 
-Layout: [image slots][index: n rows of (offset, height, width, ok) int64][footer: magic, n, index offset, bytes of
-the image slots reserved so far]"""
+Layout: [image slots][index: n rows of (offset, height, width, ok) int64][footer: magic, n, index offset]"""
 
 from __future__ import annotations
 
@@ -28,10 +27,10 @@ import mmap
 import os
 import struct
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -39,11 +38,9 @@ from libreyolo.data.decode import decode_all, slot_bytes
 from libreyolo.data.hostlock import HostLock, shared_dir
 from libreyolo.errors import DataError
 
-MAGIC = b"LYRAM002"  # built: every image decoded before the file was put in place
-FILLING = b"LYRAMF02"  # made empty, filled as images are decoded
-_FOOTER = struct.Struct("<8sqqq")
-_RESERVED_AT = 24  # the footer's reserved-bytes field
-RESERVE_CHUNK = 64 * 2**20  # bytes reserved per posix_fallocate call of the filling thread
+MAGIC = b"LYRAM003"  # built: every image decoded before the file was put in place
+FILLING = b"LYRAMF03"  # made empty, filled as images are decoded
+_FOOTER = struct.Struct("<8sqq")
 PREFIX = "libreyolo-ram-"
 
 
@@ -67,7 +64,7 @@ class RamCache:
         self.built = False  # False when another process (or an earlier run) had built it
         self._data: np.ndarray | None = None
         self._index: np.ndarray | None = None
-        self._reserved: np.ndarray | None = None  # the footer's reserved-bytes field, as the filling thread writes it
+        self._file: BinaryIO | None = None  # open while filling: put() reserves pages through it
         self.filling = False  # the file was made to be filled (not built), as read from it
         self._finalizer = weakref.finalize(self, _release, path, users, os.getpid())
 
@@ -84,46 +81,59 @@ class RamCache:
 
     def put(self, i: int, img: np.ndarray) -> None:
         """Store image i (what load_resized returned) if this cache is being filled, does not hold it yet, the
-        image fits its slot and the slot's pages are reserved; otherwise nothing."""
+        image fits its slot and its pages could be reserved; otherwise nothing (decoded again at the next access)."""
         if not self.fill:
             return
         if self._index is None:
             self._map()
-        assert self._index is not None and self._data is not None and self._reserved is not None
+        assert self._index is not None and self._data is not None and self._file is not None
         row = self._index[i]
         if row[3]:
             return
         off = int(row[0])
         end = int(self._index[i + 1, 0]) if i + 1 < self.n else len(self._data)
-        if off + img.nbytes > min(end, int(self._reserved[0])):
-            return  # an unexpected shape, or pages not reserved (yet): decoded again at the next access
+        if off + img.nbytes > end:
+            return  # an unexpected shape
+        if hasattr(os, "posix_fallocate"):  # elsewhere (macOS, Windows) the pages are taken as they are written
+            try:
+                os.posix_fallocate(self._file.fileno(), off, img.nbytes)
+            except OSError:
+                return  # ENOSPC: /dev/shm is full; writing into the mapping now would be a SIGBUS
         self._data[off : off + img.nbytes] = img.reshape(-1)
         row[1], row[2] = img.shape[0], img.shape[1]
         row[3] = 1  # last: a reader that sees it sees the bytes
 
     def _map(self) -> None:
-        with open(self.path, "r+b" if self.fill else "rb") as f:
+        f = open(self.path, "r+b" if self.fill else "rb")  # noqa: SIM115 (kept open while filling)
+        try:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_WRITE if self.fill else mmap.ACCESS_READ)
-        magic, n, idx_off, _ = (
-            _FOOTER.unpack_from(mm, len(mm) - _FOOTER.size) if len(mm) >= _FOOTER.size else (b"", 0, 0, 0)
-        )
+        except BaseException:
+            f.close()
+            raise
+        if self.fill:
+            self._file = f
+        else:
+            f.close()
+        magic, n, idx_off = _FOOTER.unpack_from(mm, len(mm) - _FOOTER.size) if len(mm) >= _FOOTER.size else (b"", 0, 0)
         if magic not in (MAGIC, FILLING) or n != self.n:
             raise DataError(f"{self.path} is not a complete RAM cache of {self.n} images; delete it and start again")
         self.filling = magic == FILLING
         self._index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
         self._data = np.frombuffer(mm, np.uint8, count=idx_off)
-        self._reserved = np.frombuffer(mm, np.int64, count=1, offset=len(mm) - _FOOTER.size + _RESERVED_AT)
 
     def close(self) -> None:
         """Stop using the cache; the last process on the host to close it deletes the file."""
-        self._data = self._index = self._reserved = None
+        self._data = self._index = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         if self._finalizer is not None:  # None in a spawned worker, which holds no lock to release
             self._finalizer()
 
     def __getstate__(self) -> dict:
         # a spawned worker receives the path and maps the file itself: the pages are never pickled
         state = dict(self.__dict__)
-        state.update(_data=None, _index=None, _reserved=None, _finalizer=None)
+        state.update(_data=None, _index=None, _file=None, _finalizer=None)
         return state
 
 
@@ -175,9 +185,7 @@ def open_ram_cache(
                     if cache.filling and not cache.fill:  # cache=ram after cache=auto: fill the rest as it goes
                         cache.fill = True
                         cache._map()
-                    assert cache._index is not None and cache._data is not None and cache._reserved is not None
-                    if cache.fill:  # reserve what its maker did not get to
-                        _start_reserving(path, int(cache._reserved[0]), len(cache._data))
+                    assert cache._index is not None
                     if not cache.filling:
                         missing = np.flatnonzero(cache._index[:, 3] == 0)
                         cache.bad = [(files[i], "could not be decoded when this RAM cache was built") for i in missing]
@@ -195,10 +203,9 @@ def open_ram_cache(
             try:
                 if lazy:
                     _create(path, slots)
-                    _start_reserving(path, 0, _data_bytes(slots))
                 else:
                     cache.bad = _build(path, files, shapes, slots, imgsz, desc, threads, progress)
-            except OSError as e:  # ENOSPC from the reservation, a folder we may not write
+            except OSError as e:  # ENOSPC from the build's reservation, a folder we may not write
                 cache._finalizer.detach()
                 users.release()
                 return f"writing {need / 1e9:.2f} GB to {folder} failed ({e})"
@@ -241,49 +248,21 @@ def _layout(path: Path, slots: np.ndarray, reserve: bool) -> tuple[Path, mmap.mm
     return tmp, mm, data, index
 
 
-def _finish(tmp: Path, path: Path, mm: mmap.mmap, n: int, idx_off: int, reserved: int, magic: bytes) -> None:
-    _FOOTER.pack_into(mm, len(mm) - _FOOTER.size, magic, n, idx_off, reserved)
+def _finish(tmp: Path, path: Path, mm: mmap.mmap, n: int, idx_off: int, magic: bytes) -> None:
+    _FOOTER.pack_into(mm, len(mm) - _FOOTER.size, magic, n, idx_off)
     mm.flush()
     mm.close()
     os.replace(tmp, path)
 
 
 def _create(path: Path, slots: np.ndarray) -> None:
-    """An empty cache file, to be filled by put() once a reserving thread has reserved its pages."""
+    """An empty cache file, to be filled by put()."""
     tmp, mm, data, index = _layout(path, slots, reserve=False)
     try:
         del data, index  # views pin the mapping: close() fails while one exists
-        _finish(tmp, path, mm, len(slots), _data_bytes(slots), 0, FILLING)
+        _finish(tmp, path, mm, len(slots), _data_bytes(slots), FILLING)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _start_reserving(path: Path, start: int, end: int) -> None:
-    """Reserve the pages of path's image slots from byte `start` to `end` in a daemon thread, chunk by chunk, and
-    after each chunk record how far it got in the file's footer, where put() reads it. Without posix_fallocate
-    (macOS, Windows) the pages are taken as they are written, and everything counts as reserved at once. A failure
-    (ENOSPC: /dev/shm filled up) leaves the rest uncached."""
-    if start >= end:
-        return
-    if not hasattr(os, "posix_fallocate"):
-        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
-            struct.pack_into("<q", mm, len(mm) - _FOOTER.size + _RESERVED_AT, end)
-        return
-
-    def run() -> None:
-        try:
-            with open(path, "r+b") as f:
-                at = os.fstat(f.fileno()).st_size - _FOOTER.size + _RESERVED_AT
-                done = start
-                while done < end and path.exists():  # a run that ended (its last user deleted it) stops it
-                    step = min(RESERVE_CHUNK, end - done)
-                    os.posix_fallocate(f.fileno(), done, step)
-                    done += step
-                    os.pwrite(f.fileno(), struct.pack("<q", done), at)
-        except OSError:
-            pass  # what is reserved so far is filled; the rest stays uncached
-
-    threading.Thread(target=run, name="libreyolo-ram-reserve", daemon=True).start()
 
 
 def _build(
@@ -302,7 +281,7 @@ def _build(
         long_sides = [max(s) for s in shapes]
         bad = decode_all(files, long_sides, imgsz, store, f"{desc} -> RAM", threads, progress)
         del store, data, index  # views pin the mapping: close() fails while one exists
-        _finish(tmp, path, mm, len(files), _data_bytes(slots), _data_bytes(slots), MAGIC)
+        _finish(tmp, path, mm, len(files), _data_bytes(slots), MAGIC)
     finally:
         tmp.unlink(missing_ok=True)
     return bad
