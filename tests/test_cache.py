@@ -99,29 +99,32 @@ def test_cache_auto_fills_as_the_loader_decodes_and_serves_the_same_batches(tiny
     assert not list(shm.glob("*.bin"))
 
 
-def test_cache_auto_stores_an_image_only_where_its_pages_could_be_reserved(tiny_data, tmp_path, shm, monkeypatch):
-    """put() reserves an image's pages (posix_fallocate) before writing them: where that fails (ENOSPC, a full
-    /dev/shm) the image is decoded and not stored, never a SIGBUS; once there is room it is stored."""
+def test_cache_auto_stores_an_image_only_where_shm_has_room_for_it(tiny_data, tmp_path, shm, monkeypatch):
+    """put() writes an image into the file (pwrite), not into the mapping: where /dev/shm is full (ENOSPC, or a
+    short write) the image is decoded and not stored, never a SIGBUS; once there is room it is stored."""
     import errno
 
     from libreyolo.data import ramcache
 
-    if not hasattr(os, "posix_fallocate"):
-        pytest.skip("no posix_fallocate here: pages are taken as they are written")
+    if not hasattr(os, "pwrite"):
+        pytest.skip("no pwrite here (Windows): the cache file is on disk and stores through the mapping")
     ls = _labels(_copy(tiny_data, tmp_path))
     src = open_image_cache("auto", ls, 64, "train", [], progress=False)
     ds = YOLODataset(ls, 64, False, image_source=src)
-    reserved: list[tuple[int, int]] = []
+    real = os.pwrite
+    writes: list[tuple[int, int]] = []
 
-    def full(fd, off, n):
-        reserved.append((off, n))
+    def full(fd, data, off):
+        writes.append((off, memoryview(data).nbytes))
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    real = os.posix_fallocate
-    monkeypatch.setattr(ramcache.os, "posix_fallocate", full)
+    monkeypatch.setattr(ramcache.os, "pwrite", full)
     img, _ = ds.load(3)
-    assert src.get(3) is None and reserved == [(int(src._index[3, 0]), img.nbytes)]
-    monkeypatch.setattr(ramcache.os, "posix_fallocate", real)
+    assert src.get(3) is None and writes == [(int(src._index[3, 0]), img.nbytes)]
+    monkeypatch.setattr(ramcache.os, "pwrite", lambda fd, data, off: real(fd, bytes(data)[:100], off))  # short
+    ds.load(3)
+    assert src.get(3) is None
+    monkeypatch.setattr(ramcache.os, "pwrite", real)
     ds.load(3)
     assert np.array_equal(src.get(3), load_resized(str(ls.files[3]), 64, max(ls.shapes[3])))
     src.close()

@@ -9,10 +9,11 @@ Two ways to fill it:
 - built (cache=ram): every image decoded before training starts, by one thread per CPU; the file is then read-only;
 - filled (cache=auto, lazy=True): the file is made empty, at once, and each image is stored by whichever process
   (a loader worker) first decodes it for a batch (`put`): the decoding the first epoch does anyway, with no wait at
-  the start; later epochs read it. The worker reserves its image's pages (posix_fallocate) before writing them, so a
-  /dev/shm that fills up meanwhile means fewer images cached, never a crash (SIGBUS) in a worker; the page zeroing
-  is done by the (niced) workers as they go, not by a thread of the training process competing with its start. Two
-  workers storing the same image write the same bytes; its index row says cached only after its bytes are written.
+  the start; later epochs read it. The worker writes the image into the file (pwrite), not into the mapping, so a
+  /dev/shm that fills up meanwhile means fewer images cached (ENOSPC), never a crash (SIGBUS) in a worker; the
+  pages are taken by the (niced) workers as they go, not by a thread of the training process competing with its
+  start. Two workers storing the same image write the same bytes; its index row says cached only after its bytes
+  are written.
 
 Lifetime: every process using the file holds a shared lock on its `.lock` file; the last one to close
 deletes it (normally at the end of the run). A run that crashes leaves the file behind: the next run with
@@ -64,7 +65,7 @@ class RamCache:
         self.built = False  # False when another process (or an earlier run) had built it
         self._data: np.ndarray | None = None
         self._index: np.ndarray | None = None
-        self._file: BinaryIO | None = None  # open while filling: put() reserves pages through it
+        self._file: BinaryIO | None = None  # open while filling: put() writes the images through it
         self.filling = False  # the file was made to be filled (not built), as read from it
         self._finalizer = weakref.finalize(self, _release, path, users, os.getpid())
 
@@ -81,7 +82,7 @@ class RamCache:
 
     def put(self, i: int, img: np.ndarray) -> None:
         """Store image i (what load_resized returned) if this cache is being filled, does not hold it yet, the
-        image fits its slot and its pages could be reserved; otherwise nothing (decoded again at the next access)."""
+        image fits its slot and /dev/shm has room for it; otherwise nothing (decoded again at the next access)."""
         if not self.fill:
             return
         if self._index is None:
@@ -94,12 +95,17 @@ class RamCache:
         end = int(self._index[i + 1, 0]) if i + 1 < self.n else len(self._data)
         if off + img.nbytes > end:
             return  # an unexpected shape
-        if hasattr(os, "posix_fallocate"):  # elsewhere (macOS, Windows) the pages are taken as they are written
+        flat = np.ascontiguousarray(img).reshape(-1)
+        if hasattr(os, "pwrite"):
+            # a write() to a full tmpfs fails with ENOSPC where a store into the mapping would be a SIGBUS, and it
+            # takes the pages in one call, where a store into the mapping faults them in one by one
             try:
-                os.posix_fallocate(self._file.fileno(), off, img.nbytes)
+                if os.pwrite(self._file.fileno(), flat, off) != flat.nbytes:
+                    return  # a short write: /dev/shm filled up
             except OSError:
-                return  # ENOSPC: /dev/shm is full; writing into the mapping now would be a SIGBUS
-        self._data[off : off + img.nbytes] = img.reshape(-1)
+                return
+        else:  # Windows: the file is in the temp folder, on disk, and takes its pages as they are written
+            self._data[off : off + flat.nbytes] = flat
         row[1], row[2] = img.shape[0], img.shape[1]
         row[3] = 1  # last: a reader that sees it sees the bytes
 
