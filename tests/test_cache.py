@@ -130,6 +130,29 @@ def test_cache_auto_stores_an_image_only_where_shm_has_room_for_it(tiny_data, tm
     src.close()
 
 
+def test_a_cache_file_of_another_version_is_replaced_not_used(tiny_data, tmp_path, shm):
+    """A file at the cache's path that an older version wrote (or a torn copy) is deleted and made again: the run
+    fills the new one, and no image is read from the old bytes."""
+    ls = _labels(_copy(tiny_data, tmp_path))
+    first = open_image_cache("auto", ls, 64, "train", [], progress=False)
+    ds = YOLODataset(ls, 64, False, image_source=first)
+    for i in range(len(ls)):
+        ds.load(i)
+    assert all(first.get(i) is not None for i in range(len(ls)))
+    path, filled = first.path, bytearray(first.path.read_bytes())
+    first.close()
+    assert not path.exists()
+    at = filled.rindex(b"LYRAMF03")
+    filled[at : at + 8] = b"LYRAMF02"  # the same images and index, an older version's magic
+    path.write_bytes(bytes(filled))
+    src = open_image_cache("auto", ls, 64, "train", [], progress=False)
+    assert src.path == path and src.built and all(src.get(i) is None for i in range(len(ls)))
+    YOLODataset(ls, 64, False, image_source=src).load(2)
+    assert np.array_equal(src.get(2), load_resized(str(ls.files[2]), 64, max(ls.shapes[2])))
+    src.close()
+    assert not path.exists()
+
+
 def test_cache_ram_after_cache_auto_fills_the_rest_and_calls_no_image_bad(tiny_data, tmp_path, shm):
     """A file cache=auto made (a run still using it, or one that crashed) is reused by cache=ram: the images not
     stored yet are filled as they are decoded, not reported as undecodable."""

@@ -113,6 +113,13 @@ class RamCache:
         f = open(self.path, "r+b" if self.fill else "rb")  # noqa: SIM115 (kept open while filling)
         try:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_WRITE if self.fill else mmap.ACCESS_READ)
+            magic, n, idx_off = (
+                _FOOTER.unpack_from(mm, len(mm) - _FOOTER.size) if len(mm) >= _FOOTER.size else (b"", 0, 0)
+            )
+            if magic not in (MAGIC, FILLING) or n != self.n:
+                raise DataError(
+                    f"{self.path} is not a complete RAM cache of {self.n} images; delete it and start again"
+                )
         except BaseException:
             f.close()
             raise
@@ -120,9 +127,6 @@ class RamCache:
             self._file = f
         else:
             f.close()
-        magic, n, idx_off = _FOOTER.unpack_from(mm, len(mm) - _FOOTER.size) if len(mm) >= _FOOTER.size else (b"", 0, 0)
-        if magic not in (MAGIC, FILLING) or n != self.n:
-            raise DataError(f"{self.path} is not a complete RAM cache of {self.n} images; delete it and start again")
         self.filling = magic == FILLING
         self._index = np.frombuffer(mm, np.int64, count=4 * n, offset=idx_off).reshape(n, 4)
         self._data = np.frombuffer(mm, np.uint8, count=idx_off)
