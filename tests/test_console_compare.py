@@ -321,8 +321,17 @@ async def _compare_ready(pilot) -> CompareScreen:
     await _until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen), "the compare view")
     screen = pilot.app.screen
     await _until(pilot, lambda: all(r.status != "?" for r in screen.runs), "every run read")
+    # a DataTable sizes its columns to new rows when it is next idle: a busy machine can take the picture before
+    await _until(pilot, lambda: _columns_fit(screen.query_one(CompareTable)), "the table's columns sized to its rows")
     await pilot.pause(0.6)  # a redraw tick
     return screen
+
+
+def _columns_fit(table: CompareTable) -> bool:
+    return bool(table.rows_shown) and all(
+        col.content_width >= max(len(row[j]) for row in table.rows_shown)
+        for j, col in enumerate(table.columns.values())
+    )
 
 
 def _rows(screen: CompareScreen) -> list[tuple[str, ...]]:
