@@ -4,8 +4,8 @@
 
 For each mode, in a fresh set of worker processes: the seconds to open the cache (ram: build it), to the first
 batch (the workers' start included), then each epoch's wall time through the loader alone (no model), mosaic on as
-in training, one JSON line per mode. What cache=auto
-is for: the first epoch decodes as without a cache, later ones read what it stored, and nothing waits at the start."""
+in training, one JSON line per mode. What cache=auto is for: the first epoch decodes as without a cache, later ones
+read what it stored, and nothing waits at the start."""
 
 from __future__ import annotations
 
