@@ -8,6 +8,7 @@ from conftest import step_batches, step_trajectory
 
 from libreyolo.bench.step import make_runner
 from libreyolo.config import TrainConfig
+from libreyolo.nn import streams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = torch.device("cuda:0")
@@ -60,9 +61,12 @@ def test_network_graph_reproduces_eager_bitwise_under_amp_with_accumulation():
     batches, nc = _batches(cfg, 24)
     eager, pe, _ = _trajectory("eager", cfg, batches, nc)
     events = []
+    forked = streams.side_branches()
     graph, pg, runner = _trajectory("graph", cfg, batches, nc, events)
     assert any(e.action == "capture" for e in events), [e.reason for e in events]
     assert runner.graphs, "nothing was captured"
+    # the capture put the network's independent branches on side streams (nn/streams.py), and still matches eager
+    assert streams.side_branches() > forked or not streams.ENABLED
     assert torch.equal(eager, graph), (eager - graph).abs().max()
     # real gradient accumulation (nbs=16 at batch 8: 2 micro-steps per update) gives the same weights,
     # and BatchNorm statistics after the warm-up/capture steps equal eager ones

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 
+from libreyolo.nn.streams import branches, forking
+
 # torch's process-wide module hooks (registered by torch.nn.modules.module.register_module_forward_hook & co.)
 _GLOBAL_HOOKS = (
     _module._global_backward_pre_hooks,
@@ -112,6 +114,9 @@ class RepConvN(nn.Module):
         self.act = nn.SiLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if forking(x):  # captured: the 1x1 branch beside the 3x3 one (nn/streams.py)
+            a, b = branches([x], lambda: self.conv1(x), lambda: self.conv2(x))
+            return self.act(a + b)
         return self.act(self.conv1(x) + self.conv2(x))
 
 
@@ -140,6 +145,8 @@ class RepNCSP(nn.Module):
         self.m = nn.Sequential(*(RepNBottleneck(c_, c_) for _ in range(n)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if forking(x):  # captured: cv2 beside the bottleneck chain (nn/streams.py)
+            return self.cv3(torch.cat(branches([x], lambda: self.m(self.cv1(x)), lambda: self.cv2(x)), 1))
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), 1))
 
 
@@ -192,8 +199,9 @@ class ADown(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.avg_pool2d(x, 2, 1, 0, False, True)
         x1, x2 = x.chunk(2, 1)
-        x2 = F.max_pool2d(x2, 3, 2, 1)
-        return torch.cat((self.cv1(x1), self.cv2(x2)), 1)
+        if forking(x):  # captured: the max-pool half beside the conv half (nn/streams.py)
+            return torch.cat(branches([x], lambda: self.cv1(x1), lambda: self.cv2(F.max_pool2d(x2, 3, 2, 1))), 1)
+        return torch.cat((self.cv1(x1), self.cv2(F.max_pool2d(x2, 3, 2, 1))), 1)
 
 
 class SPPELAN(nn.Module):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from libreyolo.nn.blocks import Conv
+from libreyolo.nn.streams import branches, forking
 
 _CONSTANTS: dict[tuple, Any] = {}
 
@@ -89,10 +91,13 @@ class Detect(nn.Module):
             nn.init.constant_(c[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
     def forward(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        outs, shapes = [], []
-        for x, b, c in zip(feats, self.box, self.cls):
-            shapes.append((x.shape[2], x.shape[3]))
-            outs.append(torch.cat((b(x), c(x)), 1).flatten(2))
+        shapes = [(x.shape[2], x.shape[3]) for x in feats]
+        if forking(feats[0]):  # captured: every level's box and class branches side by side (nn/streams.py)
+            fns = [functools.partial(m, x) for x, b, c in zip(feats, self.box, self.cls) for m in (b, c)]
+            y = branches(feats, *fns)
+            outs = [torch.cat((y[2 * i], y[2 * i + 1]), 1).flatten(2) for i in range(len(feats))]
+        else:
+            outs = [torch.cat((b(x), c(x)), 1).flatten(2) for x, b, c in zip(feats, self.box, self.cls)]
         return torch.cat(outs, 2), shapes
 
     def decode(self, raw: torch.Tensor, shapes: list[tuple[int, int]]) -> torch.Tensor:

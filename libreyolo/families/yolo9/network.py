@@ -9,6 +9,7 @@ from torch import nn
 
 from libreyolo.nn.blocks import ELAN1, SPPELAN, ADown, Conv, RepNCSPELAN4
 from libreyolo.nn.head import Detect
+from libreyolo.nn.streams import branches
 
 
 @dataclass(frozen=True)
@@ -59,19 +60,20 @@ class YOLO9(nn.Module):
         self.head = Detect(nc, (w.p3[0], w.p4[0], w.p5[0]), self.strides, reg_max)
         self.backbone_channels = (w.p3[0], w.p4[0], w.spp[0])
 
-    def forward_with_backbone(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def backbone(self, x: torch.Tensor) -> list[torch.Tensor]:
         c3 = self.b3(self.stem(x))
         c4 = self.b4(c3)
-        c5 = self.b5(c4)
+        return [c3, c4, self.b5(c4)]
+
+    def neck_head(self, c3: torch.Tensor, c4: torch.Tensor, c5: torch.Tensor) -> torch.Tensor:
         p4 = self.td4(torch.cat((self.up(c5), c4), 1))
         p3 = self.td3(torch.cat((self.up(p4), c3), 1))
         n4 = self.bu4(torch.cat((self.down4(p3), p4), 1))
         n5 = self.bu5(torch.cat((self.down5(n4), c5), 1))
-        raw, _ = self.head([p3, n4, n5])
-        return raw, [c3, c4, c5]
+        return self.head([p3, n4, n5])[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_with_backbone(x)[0]
+        return self.neck_head(*self.backbone(x))
 
     def feature_shapes(self, h: int, w: int) -> list[tuple[int, int]]:
         """Feature-map sizes for an input of h x w (which the loader keeps a multiple of 32)."""
@@ -90,8 +92,10 @@ class TrainNet(nn.Module):
         self.aux = Detect(net.nc, net.backbone_channels, net.strides, net.reg_max) if aux else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        raw, backbone = self.net.forward_with_backbone(x)
+        feats = self.net.backbone(x)
         if self.aux is None:
-            return (raw,)
-        aux_raw, _ = self.aux(backbone)
+            return (self.net.neck_head(*feats),)
+        aux = self.aux
+        # captured: the auxiliary head beside the neck and main head, which do not depend on it (nn/streams.py)
+        raw, aux_raw = branches(feats, lambda: self.net.neck_head(*feats), lambda: aux(feats)[0])
         return raw, aux_raw

@@ -4,6 +4,7 @@ objectness). Written from the YOLOX paper's description and its published model 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from libreyolo.nn.blocks import Conv
+from libreyolo.nn.streams import branches, forking
 
 PRIOR_PROB = 0.01  # initial class / objectness probability: the head starts out predicting "nothing here"
 
@@ -70,6 +72,8 @@ class CSPLayer(nn.Module):
         self.m = nn.Sequential(*(Bottleneck(c_, c_, shortcut, depthwise) for _ in range(n)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if forking(x):  # captured: conv2 beside the bottleneck chain (nn/streams.py)
+            return self.conv3(torch.cat(branches([x], lambda: self.m(self.conv1(x)), lambda: self.conv2(x)), 1))
         return self.conv3(torch.cat((self.m(self.conv1(x)), self.conv2(x)), 1))
 
 
@@ -176,15 +180,22 @@ class DecoupledHead(nn.Module):
             nn.init.constant_(m.bias, bias)
 
     def forward(self, feats: list[torch.Tensor]) -> torch.Tensor:
-        outs = []
-        for k, x in enumerate(feats):
-            x = self.stems[k](x)
-            reg_feat = self.reg_convs[k](x)
-            y = torch.cat(
-                (self.reg_preds[k](reg_feat), self.obj_preds[k](reg_feat), self.cls_preds[k](self.cls_convs[k](x))), 1
-            )
-            outs.append(y.flatten(2))
+        # captured: the levels side by side, and in each its box and class branches (nn/streams.py)
+        outs = branches(feats, *(functools.partial(self._level, k, x) for k, x in enumerate(feats)))
         return torch.cat(outs, 2).transpose(1, 2)  # (B, A, 5 + nc); anchor index = level offset + y * W + x
+
+    def _level(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        x = self.stems[k](x)
+
+        def box() -> tuple[torch.Tensor, torch.Tensor]:
+            reg_feat = self.reg_convs[k](x)
+            return self.reg_preds[k](reg_feat), self.obj_preds[k](reg_feat)
+
+        def cls() -> tuple[torch.Tensor]:
+            return (self.cls_preds[k](self.cls_convs[k](x)),)
+
+        box_out, cls_out = branches([x], box, cls)
+        return torch.cat((*box_out, *cls_out), 1).flatten(2)
 
 
 class YOLOX(nn.Module):

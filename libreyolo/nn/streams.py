@@ -1,0 +1,89 @@
+"""Independent branches of a network on CUDA streams of their own while a CUDA graph is being captured.
+
+A captured training step of a small detector is a chain of ~2,700 small kernels; between two dependent kernels the
+GPU idles for the launch latency, and a small layer fills few of the GPU's multiprocessors. Where a network has
+branches that do not depend on each other (the 1x1 and 3x3 halves of a RepConvN, a detection head's levels and its
+box and class branches, the auxiliary head beside the neck), capturing each on its own stream makes them parallel
+paths of the graph, which the GPU runs side by side.
+
+Only captures fork: an eager step is host-bound (the GPU waits for the host anyway), and each fork would add host
+work there. The arithmetic is the same either way (every op gets the same inputs), and so is the backward's order of
+gradient accumulation, which autograd decides on the host: each backward op runs on its forward op's stream, and
+autograd joins the streams before backward() returns."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+# LIBREYOLO_BRANCH_STREAMS=0 captures every branch on the capturing stream (benchmarks compare the two)
+ENABLED = os.environ.get("LIBREYOLO_BRANCH_STREAMS", "1") != "0"
+_POOL = 12  # side streams per device; branches beyond it share one (still correct, less parallel)
+_streams: dict[int, list[torch.cuda.Stream]] = {}
+_next = [0]  # side branches started so far (side_branches())
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pool = _streams.setdefault(index, [])
+    k = _next[0] % _POOL
+    _next[0] += 1
+    if k == len(pool):
+        # from torch's pool of high-priority streams, which nothing else here takes from (the loader's upload and
+        # the background validation take default-priority streams, which run outside the capture: sharing one
+        # would pull their work into the graph). The pool is made before any capture (torch.cuda.graph takes
+        # its capture stream from it), so no CUDA call is made here while capturing.
+        pool.append(torch.cuda.Stream(device, priority=-1))
+    return pool[k]
+
+
+def _record(value: Any, stream: torch.cuda.Stream) -> None:
+    """Tell the caching allocator that stream uses value's tensors: their memory is not handed to another
+    allocation until that stream's work on them is done."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _record(v, stream)
+
+
+def side_branches() -> int:
+    """How many branches have run on a side stream in this process so far."""
+    return _next[0]
+
+
+def forking(x: torch.Tensor) -> bool:
+    """Whether branches() would put side branches on streams of their own for a network input x."""
+    return ENABLED and x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def branches(inputs: Sequence[torch.Tensor], *fns: Callable[[], T]) -> list[T]:
+    """[f() for f in fns]. While a CUDA graph is captured, fns[1:] each run on a side stream that first waits for
+    what the current one had queued before fns[0], and the current stream waits for all of them before this
+    returns. inputs: the tensors the branches read (made on the current stream), kept from reuse until the side
+    streams are done with them."""
+    if not inputs or not forking(inputs[0]):
+        return [f() for f in fns]
+    main = torch.cuda.current_stream(inputs[0].device)
+    fork = main.record_event()  # what the side branches wait for: the inputs, not fns[0]'s work
+    # run in the order given, as without streams: the ops (and so the backward's order of gradient accumulation,
+    # which follows the order the forward recorded them in) are exactly those of an unforked forward
+    outs: list[Any] = [fns[0]()]
+    sides = []
+    for f in fns[1:]:
+        side = _side_stream(inputs[0].device)
+        side.wait_event(fork)
+        _record(list(inputs), side)
+        with torch.cuda.stream(side):
+            outs.append(f())
+        sides.append(side)
+    for side, out in zip(sides, outs[1:]):
+        main.wait_stream(side)
+        _record(out, main)
+    return outs

@@ -1,0 +1,36 @@
+"""nn/streams.py without a capture: branches run in the order given, on the caller's stream (the GPU side, where a
+capture forks them onto side streams and must reproduce eager bitwise, is in tests/test_graphs_gpu.py)."""
+
+import torch
+
+from libreyolo.families.yolo9.network import YOLO9, TrainNet
+from libreyolo.nn import streams
+
+
+def test_branches_outside_a_capture_run_in_order_and_fork_nothing():
+    calls: list[int] = []
+
+    def f(k: int):
+        def run() -> int:
+            calls.append(k)
+            return 10 * k
+
+        return run
+
+    before = streams.side_branches()
+    assert streams.branches([torch.zeros(2)], f(1), f(2), f(3)) == [10, 20, 30]
+    assert calls == [1, 2, 3]
+    assert streams.side_branches() == before
+    assert not streams.forking(torch.zeros(2))
+
+
+def test_train_net_outputs_are_the_detector_and_its_auxiliary_head_on_the_backbone():
+    torch.manual_seed(0)
+    net = TrainNet(YOLO9("t", nc=3)).eval()
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        raw, aux = net(x)
+        feats = net.net.backbone(x)
+        assert torch.equal(raw, net.net(x))
+        assert torch.equal(aux, net.aux(feats)[0])
+    assert raw.shape == aux.shape == (1, 4 * 16 + 3, 8 * 8 + 4 * 4 + 2 * 2)
