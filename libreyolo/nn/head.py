@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from libreyolo.nn.blocks import Conv
-from libreyolo.nn.streams import branches, forking
+from libreyolo.nn.streams import branches
 
 _CONSTANTS: dict[tuple, Any] = {}
 
@@ -91,14 +91,18 @@ class Detect(nn.Module):
             nn.init.constant_(c[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
     def forward(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        shapes = [(x.shape[2], x.shape[3]) for x in feats]
-        if forking(feats[0]):  # captured: every level's box and class branches side by side (nn/streams.py)
-            fns = [functools.partial(m, x) for x, b, c in zip(feats, self.box, self.cls) for m in (b, c)]
-            y = branches(feats, *fns)
-            outs = [torch.cat((y[2 * i], y[2 * i + 1]), 1).flatten(2) for i in range(len(feats))]
-        else:
-            outs = [torch.cat((b(x), c(x)), 1).flatten(2) for x, b, c in zip(feats, self.box, self.cls)]
-        return torch.cat(outs, 2), shapes
+        # captured: the levels side by side (nn/streams.py)
+        outs = branches(feats, *(functools.partial(self.level, k, x) for k, x in enumerate(feats)))
+        return self.combine(outs), [(x.shape[2], x.shape[3]) for x in feats]
+
+    def level(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """Level k's raw logits (B, 4*reg_max + nc, H*W); captured, its box and class branches side by side."""
+        box, cls = branches([x], functools.partial(self.box[k], x), functools.partial(self.cls[k], x))
+        return torch.cat((box, cls), 1).flatten(2)
+
+    def combine(self, levels: list[torch.Tensor]) -> torch.Tensor:
+        """The levels' logits -> (B, 4*reg_max + nc, A)."""
+        return torch.cat(levels, 2)
 
     def decode(self, raw: torch.Tensor, shapes: list[tuple[int, int]]) -> torch.Tensor:
         """Raw logits -> (B, A, 4 + nc): xyxy boxes in input pixels and class probabilities."""

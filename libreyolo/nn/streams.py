@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -87,3 +87,33 @@ def branches(inputs: Sequence[torch.Tensor], *fns: Callable[[], T]) -> list[T]:
         main.wait_stream(side)
         _record(out, main)
     return outs
+
+
+class Forked(Generic[T]):
+    """A branch started by fork(): its value, and the side stream it runs on (None: it ran on the caller's)."""
+
+    def __init__(self, value: T, stream: torch.cuda.Stream | None):
+        self.value, self.stream = value, stream
+
+
+def fork(inputs: Sequence[torch.Tensor], fn: Callable[[], T]) -> Forked[T]:
+    """Start fn() now; join() gives its value. While a CUDA graph is captured it runs on a side stream that waits
+    for what the current stream has queued so far, so the caller's next ops (recorded after it, in the same order
+    as without streams) run beside it until join()."""
+    if not inputs or not forking(inputs[0]):
+        return Forked(fn(), None)
+    main = torch.cuda.current_stream(inputs[0].device)
+    side = _side_stream(inputs[0].device)
+    side.wait_stream(main)
+    _record(list(inputs), side)
+    with torch.cuda.stream(side):
+        return Forked(fn(), side)
+
+
+def join(forked: Forked[T]) -> T:
+    """fork()'s value; the current stream first waits for the side stream it ran on."""
+    if forked.stream is not None:
+        main = torch.cuda.current_stream(forked.stream.device)
+        main.wait_stream(forked.stream)
+        _record(forked.value, main)
+    return forked.value

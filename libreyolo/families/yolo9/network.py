@@ -9,7 +9,7 @@ from torch import nn
 
 from libreyolo.nn.blocks import ELAN1, SPPELAN, ADown, Conv, RepNCSPELAN4
 from libreyolo.nn.head import Detect
-from libreyolo.nn.streams import branches
+from libreyolo.nn.streams import branches, fork, join
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,12 @@ class YOLO9(nn.Module):
     def neck_head(self, c3: torch.Tensor, c4: torch.Tensor, c5: torch.Tensor) -> torch.Tensor:
         p4 = self.td4(torch.cat((self.up(c5), c4), 1))
         p3 = self.td3(torch.cat((self.up(p4), c3), 1))
+        # captured: each head level starts as soon as its input is ready, beside the rest of the neck (nn/streams.py)
+        h3 = fork([p3], lambda: self.head.level(0, p3))
         n4 = self.bu4(torch.cat((self.down4(p3), p4), 1))
+        h4 = fork([n4], lambda: self.head.level(1, n4))
         n5 = self.bu5(torch.cat((self.down5(n4), c5), 1))
-        return self.head([p3, n4, n5])[0]
+        return self.head.combine([join(h3), join(h4), self.head.level(2, n5)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.neck_head(*self.backbone(x))
