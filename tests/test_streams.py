@@ -24,6 +24,16 @@ def test_branches_outside_a_capture_run_in_order_and_fork_nothing():
     assert not streams.forking(torch.zeros(2))
 
 
+def test_fork_outside_a_capture_runs_at_once_on_the_callers_stream():
+    calls: list[str] = []
+    before = streams.side_branches()
+    forked = streams.fork([torch.zeros(2)], lambda: calls.append("branch") or 7)
+    calls.append("after")
+    assert calls == ["branch", "after"]  # the op order an unforked forward has
+    assert forked.stream is None and streams.join(forked) == 7
+    assert streams.side_branches() == before
+
+
 def test_train_net_outputs_are_the_detector_and_its_auxiliary_head_on_the_backbone():
     torch.manual_seed(0)
     net = TrainNet(YOLO9("t", nc=3)).eval()
