@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from libreyolo.nn.blocks import Conv
-from libreyolo.nn.streams import branches
+from libreyolo.nn.streams import branches, forking
 
 _CONSTANTS: dict[tuple, Any] = {}
 
@@ -91,13 +91,18 @@ class Detect(nn.Module):
             nn.init.constant_(c[-1].bias, math.log(5 / self.nc / (imgsz / s) ** 2))
 
     def forward(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-        # captured: the levels side by side (nn/streams.py)
-        outs = branches(feats, *(functools.partial(self.level, k, x) for k, x in enumerate(feats)))
+        if forking(feats[0]):  # captured: the levels side by side (nn/streams.py)
+            outs = branches(feats, *(functools.partial(self.level, k, x) for k, x in enumerate(feats)))
+        else:
+            outs = [self.level(k, x) for k, x in enumerate(feats)]
         return self.combine(outs), [(x.shape[2], x.shape[3]) for x in feats]
 
     def level(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """Level k's raw logits (B, 4*reg_max + nc, H*W); captured, its box and class branches side by side."""
-        box, cls = branches([x], functools.partial(self.box[k], x), functools.partial(self.cls[k], x))
+        if forking(x):
+            box, cls = branches([x], functools.partial(self.box[k], x), functools.partial(self.cls[k], x))
+        else:
+            box, cls = self.box[k](x), self.cls[k](x)
         return torch.cat((box, cls), 1).flatten(2)
 
     def combine(self, levels: list[torch.Tensor]) -> torch.Tensor:
