@@ -24,6 +24,7 @@ from libreyolo import events as ev
 from libreyolo.engine.capturable import CapturableUpdate
 from libreyolo.engine.graphs import GraphRunner, Shape
 from libreyolo.engine.step import EagerStep, Phases, TrainCounters, normalize
+from libreyolo.nn import streams
 
 
 class _FullGraph:
@@ -125,7 +126,7 @@ class FullGraphStep(GraphRunner):
         g.img, g.targets, g.mask = img.clone(), targets.clone(), mask.clone()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(g.graph, pool=self.pool, capture_error_mode="thread_local"):
+        with streams.capture(g.graph, pool=self.pool, capture_error_mode="thread_local"):
             g.items = self._body(g.img, g.targets, g.mask, boundary)
         return g
 

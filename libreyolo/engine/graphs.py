@@ -18,6 +18,7 @@ from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import NO_PHASES, EagerStep, Phases, TrainCounters
 from libreyolo.engine.subgraphs import SubmoduleGraphs
 from libreyolo.families import WHOLE_NET, CapturePlan
+from libreyolo.nn import streams
 
 Shape = tuple[int, ...]  # an input's shape (and a full step's target capacity; a graph's key adds its boundary flag)
 STABLE_AFTER = 3  # capture on the 3rd consecutive sighting of a shape
@@ -251,7 +252,7 @@ class NetworkGraphStep(GraphRunner):
         )
         pool = torch.cuda.graph_pool_handle()
         # thread-local error mode: the loaders' threads (training staging, validation pinning) may allocate host memory
-        with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
+        with streams.capture(g.fwd, pool=pool, capture_error_mode="thread_local"):
             # the autocast weight-cast cache must not outlive the capture: casts are captured kernels
             with torch.autocast(
                 "cuda",
@@ -263,7 +264,7 @@ class NetworkGraphStep(GraphRunner):
         g.single = isinstance(out, torch.Tensor)  # the loss gets what the network returns: a tensor or a tuple
         g.outs = (out,) if g.single else tuple(out)
         g.grad_outs = [torch.empty_like(o) for o in g.outs]
-        with torch.cuda.graph(g.bwd, pool=pool, capture_error_mode="thread_local"):
+        with streams.capture(g.bwd, pool=pool, capture_error_mode="thread_local"):
             torch.autograd.backward(g.outs, grad_tensors=g.grad_outs)
             self.flat.gather_grads()
         # keep the output buffers, drop the captured autograd graph: its nodes would otherwise stay alive

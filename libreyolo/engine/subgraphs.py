@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.nn import streams
+
 
 class _ModuleGraph:
     def __init__(self, x: torch.Tensor) -> None:
@@ -161,12 +163,12 @@ class SubmoduleGraphs:
                     with torch.no_grad():
                         torch._foreach_copy_(list(module.buffers()), saved)
             torch.cuda.current_stream(g.x.device).wait_stream(side)
-            with torch.cuda.graph(g.fwd, pool=pool, capture_error_mode="thread_local"):
+            with streams.capture(g.fwd, pool=pool, capture_error_mode="thread_local"):
                 res = self._forward(unpatched, params, g.x)
             g.single = isinstance(res, torch.Tensor)
             g.outs = (res,) if g.single else tuple(res)
             g.grad_outs = [torch.empty_like(o) for o in g.outs]
-            with torch.cuda.graph(g.bwd, pool=pool, capture_error_mode="thread_local"):
+            with streams.capture(g.bwd, pool=pool, capture_error_mode="thread_local"):
                 grads = torch.autograd.grad(g.outs, wrt, g.grad_outs, allow_unused=True)
                 if x_grad:
                     g.grad_x = grads[0] if grads[0] is not None else torch.zeros_like(g.x)

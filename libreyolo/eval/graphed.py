@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.nn import streams
+
 
 class EvalGraph:
     def __init__(self, net: nn.Module, loss_fn: Callable | None, autocast_dtype: torch.dtype | None, capacity: int):
@@ -86,6 +88,6 @@ class EvalGraph:
         torch.cuda.current_stream(x.device).wait_stream(side)
         self.x, self.targets, self.mask = x.clone(), targets.clone(), mask.clone()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with streams.capture(graph, capture_error_mode="thread_local"):
             self.raw, self.items = self._body(self.x, self.targets, self.mask, imgsz, self.loss_in_graph)
         self.graph, self.key = graph, key

@@ -13,8 +13,10 @@ autograd joins the streams before backward() returns."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -28,12 +30,23 @@ _streams: dict[int, list[torch.cuda.Stream]] = {}
 _next = [0]  # side branches started so far (side_branches())
 
 
+# one capture at a time in a process: every capture shares torch.cuda.graph's capture stream and these side streams,
+# and the validation's graph may be captured on its own thread while a training step is being re-captured
+_CAPTURES = threading.Lock()
+
+
+@contextlib.contextmanager
+def capture(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
+    """torch.cuda.graph(graph, **kwargs), once no other thread of this process is capturing."""
+    with _CAPTURES, torch.cuda.graph(graph, **kwargs):
+        yield
+
+
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
     pool = _streams.setdefault(index, [])
-    k = _next[0] % _POOL
     _next[0] += 1
-    if k == len(pool):
+    if len(pool) < _POOL:
         # from torch's pool of high-priority streams, which nothing else here takes from (the loader's upload and
         # the background validation take default-priority streams, which run outside the capture: sharing one
         # would pull their work into the graph). The pool is made before any capture (torch.cuda.graph takes
@@ -41,7 +54,8 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
         # to honour the priority each kernel was captured with, so side branches run ahead of the capturing
         # stream's kernels, and of the validation's, when both are ready (measured with this: docs/performance.md)
         pool.append(torch.cuda.Stream(device, priority=-1))
-    return pool[k]
+        return pool[-1]
+    return pool[_next[0] % _POOL]
 
 
 def _record(value: Any, stream: torch.cuda.Stream) -> None:
