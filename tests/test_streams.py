@@ -44,3 +44,34 @@ def test_train_net_outputs_are_the_detector_and_its_auxiliary_head_on_the_backbo
         assert torch.equal(raw, net.net(x))
         assert torch.equal(aux, net.aux(feats)[0])
     assert raw.shape == aux.shape == (1, 4 * 16 + 3, 8 * 8 + 4 * 4 + 2 * 2)
+
+
+def test_captures_on_two_threads_take_turns(monkeypatch):
+    """Every capture shares torch.cuda.graph's capture stream and the side streams: a second thread's capture waits
+    for the first's to end (torch.cuda.graph replaced by a stand-in that records when it runs)."""
+    import contextlib
+    import threading
+    import time
+
+    spans: list[tuple[float, float]] = []
+
+    @contextlib.contextmanager
+    def fake_graph(graph, **kwargs):
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        yield
+        spans.append((t0, time.perf_counter()))
+
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+
+    def run() -> None:
+        with streams.capture(None, capture_error_mode="thread_local"):
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0, spans
