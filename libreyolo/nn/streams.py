@@ -79,32 +79,6 @@ def forking(x: torch.Tensor) -> bool:
     return ENABLED and x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def branches(inputs: Sequence[torch.Tensor], *fns: Callable[[], T]) -> list[T]:
-    """[f() for f in fns]. While a CUDA graph is captured, fns[1:] each run on a side stream that first waits for
-    what the current one had queued before fns[0], and the current stream waits for all of them before this
-    returns. inputs: the tensors the branches read (made on the current stream), kept from reuse until the side
-    streams are done with them."""
-    if not inputs or not forking(inputs[0]):
-        return [f() for f in fns]
-    main = torch.cuda.current_stream(inputs[0].device)
-    fork = main.record_event()  # what the side branches wait for: the inputs, not fns[0]'s work
-    # run in the order given, as without streams: the ops (and so the backward's order of gradient accumulation,
-    # which follows the order the forward recorded them in) are exactly those of an unforked forward
-    outs: list[Any] = [fns[0]()]
-    sides = []
-    for f in fns[1:]:
-        side = _side_stream(inputs[0].device)
-        side.wait_event(fork)
-        _record(list(inputs), side)
-        with torch.cuda.stream(side):
-            outs.append(f())
-        sides.append(side)
-    for side, out in zip(sides, outs[1:]):
-        main.wait_stream(side)
-        _record(out, main)
-    return outs
-
-
 class Forked(Generic[T]):
     """A branch started by fork(): its value, and the side stream it runs on (None: it ran on the caller's)."""
 
@@ -112,15 +86,14 @@ class Forked(Generic[T]):
         self.value, self.stream = value, stream
 
 
-def fork(inputs: Sequence[torch.Tensor], fn: Callable[[], T]) -> Forked[T]:
+def fork(inputs: Sequence[torch.Tensor], fn: Callable[[], T], after: torch.cuda.Event | None = None) -> Forked[T]:
     """Start fn() now; join() gives its value. While a CUDA graph is captured it runs on a side stream that waits
-    for what the current stream has queued so far, so the caller's next ops (recorded after it, in the same order
-    as without streams) run beside it until join()."""
+    for what the current stream has queued so far (or for the event `after`), so the caller's next ops (recorded
+    after it, in the same order as without streams) run beside it until join()."""
     if not inputs or not forking(inputs[0]):
         return Forked(fn(), None)
-    main = torch.cuda.current_stream(inputs[0].device)
     side = _side_stream(inputs[0].device)
-    side.wait_stream(main)
+    side.wait_event(after if after is not None else torch.cuda.current_stream(inputs[0].device).record_event())
     _record(list(inputs), side)
     with torch.cuda.stream(side):
         return Forked(fn(), side)
@@ -133,3 +106,19 @@ def join(forked: Forked[T]) -> T:
         main.wait_stream(forked.stream)
         _record(forked.value, main)
     return forked.value
+
+
+def branches(inputs: Sequence[torch.Tensor], *fns: Callable[[], T]) -> list[T]:
+    """[f() for f in fns]. While a CUDA graph is captured, fns[1:] each run on a side stream that first waits for
+    what the current one had queued before fns[0], and the current stream waits for all of them before this
+    returns. inputs: the tensors the branches read (made on the current stream), kept from reuse until the side
+    streams are done with them."""
+    if not inputs or not forking(inputs[0]):
+        return [f() for f in fns]
+    # what the side branches wait for: the inputs, not fns[0]'s work
+    ready = torch.cuda.current_stream(inputs[0].device).record_event()
+    # run in the order given, as without streams: the ops (and so the backward's order of gradient accumulation,
+    # which follows the order the forward recorded them in) are exactly those of an unforked forward
+    first = fns[0]()
+    sides = [fork(inputs, f, after=ready) for f in fns[1:]]
+    return [first, *(join(side) for side in sides)]
