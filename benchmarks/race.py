@@ -93,6 +93,11 @@ def split(events: list[dict], launch: float, exit_t: float) -> dict:
         "val_device_s": round(sum(v["time_s"] for v in vals), 2),
         "val_eval_s": round(sum(v.get("eval_s", 0.0) for v in vals), 2),
         "val_per_epoch_s": [round(v["time_s"], 3) for v in vals],
+        # epoch_start to the next epoch_start (the last: to its last step event): the first epochs' captures show here
+        "epoch_s": [
+            round((spans[i + 1][0] if i + 1 < len(spans) else last) - begin, 3)
+            for i, (begin, last, _) in enumerate(spans)
+        ],
         "end_s": round(exit_t - max(c["t"] for c in ckpts), 2) if ckpts else None,
         "run_end_to_exit_s": round(exit_t - by("run_end")[-1]["t"], 2) if by("run_end") else None,
         "epochs": len(by("epoch_end")),
@@ -144,6 +149,7 @@ def main() -> int:
         **split(events, launch, exit_t),
         "gpu_util_mean": round(sum(u for _, u in util) / len(util), 1) if util else None,
         "gpu_util_by_part": util_by_part(util, parts(events, launch, exit_t)),
+        "gpu_util_samples": [[round(t - launch, 2), u] for t, u in util],
         "final": m(rows[-1]) if rows else None,
         "best_map": max(float(r["metrics/mAP50-95(B)"]) for r in rows) if rows else None,
         "map_per_epoch": [round(float(r["metrics/mAP50-95(B)"]), 4) for r in rows],
