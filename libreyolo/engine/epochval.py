@@ -57,6 +57,16 @@ class _Pending:
     held_s: float  # how long starting it held the training loop
 
 
+def start_val_workers(s: Any, cfg: Any) -> None:
+    """The validation workers' first pass starts now, while the setup waits for the kernel warm-up's backward (s: the
+    run's TrainSetup). Started by the first epoch's prefetch instead, forking them (0.21 s on the H200 machine) held
+    the loop so long that the GPU ran out of queued steps for 0.17 s (benchmarks/seam_gaps.py, docs/performance.md)."""
+    due = cfg.val or s.start_epoch == cfg.epochs - 1
+    if s.device.type == "cuda" and s.is_main and s.kernel_warmup is not None and due:
+        if hasattr(s.val_loader, "prefetch") and s.val_loader.persistent_workers:
+            s.val_loader.prefetch()
+
+
 class EpochValidations:
     def __init__(self, trainer: Any):
         self.trainer = trainer
