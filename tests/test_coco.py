@@ -1,9 +1,12 @@
 """The COCO accumulator against faster-coco-eval's own documented path (COCO + loadRes of result dicts)."""
 
+import os
+
 import numpy as np
 from faster_coco_eval import COCO, COCOeval_faster
 
-from libreyolo.eval.coco import CocoAccumulator
+from libreyolo.eval import coco
+from libreyolo.eval.coco import CocoAccumulator, EvalProcess
 
 
 def _reference(names, images, gts, dets):
@@ -19,8 +22,8 @@ def _reference(names, images, gts, dets):
     return ev.stats[0], ev.stats[1]
 
 
-def test_map_matches_faster_coco_eval_loadres_on_noisy_detections():
-    rng = np.random.default_rng(1)
+def _noisy(rng):
+    """-> an accumulator of 30 images with jittered and wrong detections, and the same as faster-coco-eval inputs."""
     names = ["a", "b", "c"]
     acc = CocoAccumulator(names)
     images, gts, dets = [], [], []
@@ -51,6 +54,11 @@ def test_map_matches_faster_coco_eval_loadres_on_noisy_detections():
             )
         for (x1, y1, x2, y2), s, c in zip(boxes.tolist(), scores.tolist(), classes.tolist()):
             dets.append({"image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1], "score": s})
+    return acc, names, images, gts, dets
+
+
+def test_map_matches_faster_coco_eval_loadres_on_noisy_detections():
+    acc, names, images, gts, dets = _noisy(np.random.default_rng(1))
     got = acc.evaluate()
     ref_map, ref_map50 = _reference(names, images, gts, dets)
     assert 0.2 < got["map50"] < 1.0  # a non-trivial case: partly right, partly wrong
@@ -64,3 +72,45 @@ def test_nothing_to_evaluate_gives_zeros():
     assert acc.evaluate() == {"map50": 0.0, "map": 0.0, "precision": 0.0, "recall": 0.0}
     acc.add(1, (64, 64), np.array([[0, 1, 1, 20, 20]]), np.zeros((0, 4)), np.zeros(0), np.zeros(0, int))
     assert acc.evaluate()["map"] == 0.0
+
+
+_EVALUATE = coco._evaluate
+
+
+def _evaluate_noting_pid(*args):
+    """coco._evaluate, appending the pid of the process it ran in to the file $PID_LOG."""
+    with open(os.environ["PID_LOG"], "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return _EVALUATE(*args)
+
+
+def test_evaluation_in_the_kept_child_process_gives_the_same_metrics(monkeypatch, tmp_path):
+    log = tmp_path / "pids"
+    monkeypatch.setenv("PID_LOG", str(log))
+    monkeypatch.setattr(coco, "_evaluate", _evaluate_noting_pid)
+    process = EvalProcess()
+    try:
+        for seed in (1, 2):
+            acc = _noisy(np.random.default_rng(seed))[0]
+            assert acc.evaluate(process=process) == acc.evaluate()
+    finally:
+        process.close()
+    pids = log.read_text().split()
+    here = str(os.getpid())
+    # alternately in one kept child and here
+    assert pids[1] == pids[3] == here and pids[0] == pids[2] != here, pids
+    assert process._pool is None
+
+
+def test_a_dead_evaluation_process_falls_back_to_this_one():
+    process = EvalProcess()
+    acc = _noisy(np.random.default_rng(3))[0]
+    try:
+        want = acc.evaluate(process=process)
+        (child,) = process._pool._processes.values()
+        child.kill()
+        child.join()
+        assert acc.evaluate(process=process) == want  # the broken pool is noticed, the evaluation runs here
+        assert process._pool is None and process._broken
+    finally:
+        process.close()

@@ -344,7 +344,7 @@ def _planted_evaluations(monkeypatch, maps: list[float], seconds: float) -> list
     planted, started = list(maps), []
     real_start = epochval.start_validation
 
-    def evaluate(self, workers=1):
+    def evaluate(self, workers=1, process=None):
         time.sleep(seconds)
         m = planted.pop(0)
         return {"map50": m, "map": m, "precision": m, "recall": m}

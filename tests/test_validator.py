@@ -113,9 +113,12 @@ def test_start_validation_returns_at_once_and_the_result_waits(tiny_data, monkey
     net = _ReplayNet(ds, 4, len(names))
     gate = threading.Event()
     real = coco.CocoAccumulator.evaluate
-    monkeypatch.setattr(
-        coco.CocoAccumulator, "evaluate", lambda self, workers=1: (gate.wait(30), real(self, workers))[1]
-    )
+
+    def evaluate(self, workers=1, process=None):
+        gate.wait(30)
+        return real(self, workers, process)
+
+    monkeypatch.setattr(coco.CocoAccumulator, "evaluate", evaluate)
     pending = start_validation(net, _family(N.nms_packed), ValLoader(ds, 4, 0, False), torch.device("cpu"), names)
     assert isinstance(pending, PendingValidation) and not pending.done()
     with pytest.raises(TimeoutError):
@@ -143,7 +146,7 @@ def test_a_failed_evaluation_raises_from_result(tiny_data, monkeypatch):
 
     ds, names = _dataset(tiny_data)
 
-    def boom(self, workers=1):
+    def boom(self, workers=1, process=None):
         raise RuntimeError("evaluation failed")
 
     monkeypatch.setattr(coco.CocoAccumulator, "evaluate", boom)
@@ -171,10 +174,10 @@ def test_threaded_validation_runs_both_parts_on_its_thread_and_waits_apart_for_t
     gate = threading.Event()
     real_eval = coco.CocoAccumulator.evaluate
 
-    def evaluate(self, workers=1):
+    def evaluate(self, workers=1, process=None):
         threads["eval"] = threading.current_thread().name
         gate.wait(30)
-        return real_eval(self, workers)
+        return real_eval(self, workers, process)
 
     def run():
         threads["device"] = threading.current_thread().name

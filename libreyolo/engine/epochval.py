@@ -28,7 +28,7 @@ from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
 from libreyolo.engine.graphs import STABLE_AFTER
 from libreyolo.engine.rundir import append_results, results_columns, results_row
-from libreyolo.eval.coco import load_evaluator
+from libreyolo.eval.coco import EvalProcess, load_evaluator
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.threaded import ThreadedValidation
 from libreyolo.eval.validator import PendingValidation, start_validation, to_input
@@ -83,6 +83,9 @@ class EpochValidations:
             kept = s.kernel_warmup.take_copy() if s.kernel_warmup is not None else None
             self.net = kept if kept is not None else copy.deepcopy(self.source).eval().requires_grad_(False)
         self.stream = torch.cuda.Stream(s.device) if self.background else None
+        # beside a GPU's steps the COCO evaluation runs in a child process: in this one it would hold the interpreter
+        # lock that the loop needs to queue each step (eval/coco.py)
+        self.eval_process = EvalProcess() if self.background else None
         # the validated network is updated in place: one graph serves every validation
         self.graph = None
         if s.device.type == "cuda" and cfg.cuda_graph is not False and s.is_main:
@@ -153,6 +156,11 @@ class EpochValidations:
         self._join_warm()
         self._wait_validation()
 
+    def close(self) -> None:
+        """After wait_device() at the run's end: the evaluation's child process ends (a pending evaluation first)."""
+        if self.eval_process is not None:
+            self.eval_process.close()
+
     def _wait_validation(self) -> None:
         if self.pending is not None and isinstance(self.pending.validation, ThreadedValidation):
             self.pending.validation.wait_device()
@@ -195,6 +203,7 @@ class EpochValidations:
                     static_shape=self.graph is not None,
                     graph=self.graph,
                     multi_label=self.multi_label,
+                    eval_process=self.eval_process,
                 )
 
             v: PendingValidation | ThreadedValidation

@@ -123,6 +123,7 @@ class Trainer:
             raise
         finally:
             self.vals.wait_device()  # a validation thread must be off the device before the loaders close
+            self.vals.close()
             self._close_writer()
             self.emit(
                 ev.RunEnd(

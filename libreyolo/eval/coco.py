@@ -15,13 +15,18 @@ Costs measured on the 2-core CPU machine (docs/performance.md) and what follows 
 - categories are independent in COCO evaluation, so a large evaluation (COCO val2017: 5,000 images, up to
   1.5 M detections, 12 s of CPU in one process here, 34 s before these changes) can be split by categories
   over processes and the per-category precision curves put back together in category order: the same array,
-  the same means."""
+  the same means.
+- inside training on a GPU the evaluation runs in a kept child process (EvalProcess): faster-coco-eval holds the
+  interpreter lock through its evaluation (30-90 ms an epoch for 200 images in the race, more for larger sets),
+  and the training loop, which needs it to queue each step, would wait that long while the GPU runs dry."""
 
 from __future__ import annotations
 
 import gc
 import multiprocessing
+import threading
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
@@ -89,9 +94,10 @@ class CocoAccumulator:
     def num_detections(self) -> int:
         return sum(map(len, self._dt))
 
-    def evaluate(self, workers: int = 1) -> dict[str, float]:
+    def evaluate(self, workers: int = 1, process: EvalProcess | None = None) -> dict[str, float]:
         """-> map50, map (50-95), precision and recall (mean over classes at each class's best-F1 point, IoU 0.5).
-        workers > 1 splits a large evaluation by categories over that many processes."""
+        workers > 1 splits a large evaluation by categories over that many processes; otherwise `process` (if
+        given) runs it."""
         zero = {"map50": 0.0, "map": 0.0, "precision": 0.0, "recall": 0.0}
         ids, images, gt = self._images_and_gt()
         dt = np.concatenate(self._dt) if self._dt else np.zeros((0, 7))
@@ -107,7 +113,8 @@ class CocoAccumulator:
             else [np.arange(nc)]
         )
         if len(groups) == 1:
-            precision, rec_thrs, iou_thrs = _evaluate(images, gt, dt, np.arange(nc))
+            run = process.run if process is not None else _evaluate
+            precision, rec_thrs, iou_thrs = run(images, gt, dt, np.arange(nc))
         else:
             # fork: the children only run numpy and faster-coco-eval; spawn would re-import the caller's script
             with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("fork")) as pool:
@@ -132,6 +139,40 @@ class CocoAccumulator:
             rows, all_sizes = self._all_gt
             sizes, gt = all_sizes[ids].reshape(-1, 2), rows[np.isin(rows[:, 0], ids)]
         return ids, np.column_stack([ids, sizes]), gt
+
+
+class EvalProcess:
+    """A child process, forked at the first evaluation and kept for the next ones, in which `run` evaluates (the
+    caller's thread waits without the interpreter lock). Forked, not spawned: it starts in milliseconds with
+    faster-coco-eval already imported (load_evaluator), and spawn would re-import the caller's script; the child
+    runs only numpy and faster-coco-eval, never CUDA. A child that died is not restarted: that evaluation and the
+    later ones run in the caller's process, as without one. close() ends it."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._broken = False
+        self._lock = threading.Lock()
+
+    def run(
+        self, images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with self._lock:
+            if self._pool is None and not self._broken:
+                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+            pool = self._pool
+        if pool is not None:
+            try:
+                return pool.submit(_evaluate, images, gt, dt, cats).result()
+            except BrokenProcessPool:
+                with self._lock:
+                    self._broken, self._pool = True, None
+        return _evaluate(images, gt, dt, cats)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def clip_to_images(rows: np.ndarray, images: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from torch import nn
 
 from libreyolo.data.dataset import YOLODataset
 from libreyolo.engine.step import normalize
-from libreyolo.eval.coco import CocoAccumulator
+from libreyolo.eval.coco import CocoAccumulator, EvalProcess
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.topk import start_topk_validation
 
@@ -62,11 +62,17 @@ class PendingValidation:
     not started in the background, in the first call of result())."""
 
     def __init__(
-        self, acc: CocoAccumulator | None, base: dict[str, Any], eval_workers: int = 1, background: bool = True
+        self,
+        acc: CocoAccumulator | None,
+        base: dict[str, Any],
+        eval_workers: int = 1,
+        background: bool = True,
+        process: EvalProcess | None = None,
     ):
         """acc None: nothing is left to evaluate (classification counted its metrics on the device); base is the
-        result."""
+        result. process: where the evaluation runs (CocoAccumulator.evaluate)."""
         self._acc, self._workers, self._base, self._out, self._error = acc, eval_workers, base, None, None
+        self._process = process
         self._thread = None
         if acc is None:
             self._out = {**base, "eval_s": 0.0}
@@ -79,7 +85,7 @@ class PendingValidation:
             assert self._acc is not None
             with _EVAL_LOCK:
                 t = time.perf_counter()
-                metrics = self._acc.evaluate(self._workers)
+                metrics = self._acc.evaluate(self._workers, self._process)
                 self._out = {
                     **metrics,
                     **self._base,
@@ -127,6 +133,7 @@ def start_validation(
     background: bool = True,
     graph: EvalGraph | None = None,
     multi_label: bool = True,
+    eval_process: EvalProcess | None = None,
 ) -> PendingValidation:
     """Run the network over the loader (a `ValLoader` or any loader of `collate`d validation batches) and start
     the COCO evaluation. The pending result has precision, recall, map50, map, losses {term: value} (the family's
@@ -139,6 +146,7 @@ def start_validation(
     background=False: the evaluation runs in the caller's thread when result() is first called.
     graph: forward and loss through a CUDA graph of the (static_shape) batch shape (eval/graphed.py).
     multi_label: NMS keeps every class above conf per box (Ultralytics' validation) or only the best one.
+    eval_process: a kept child process the COCO evaluation runs in (eval/coco.py EvalProcess).
 
     The background thread shares the interpreter lock with the caller: faster-coco-eval holds it through its C++
     evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
@@ -229,7 +237,7 @@ def start_validation(
         "time_s": time.perf_counter() - t0,
         "bad": bad,
     }
-    return PendingValidation(acc, base, eval_workers, background)
+    return PendingValidation(acc, base, eval_workers, background, eval_process)
 
 
 def validate(
