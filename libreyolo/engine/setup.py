@@ -120,6 +120,13 @@ class TrainSetup:
     def scale_value(self) -> float | None:
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else None
 
+    def amp_event(self) -> ev.Amp:
+        """The run's precision as it starts (the epochs' ends report skipped steps with their own)."""
+        a, scale = self.amp, self.scale_value()
+        return ev.Amp(
+            enabled=a.enabled, dtype=a.dtype, scaler=a.scaler, scale=scale, skipped_steps=0, epoch=None, reason=a.reason
+        )
+
     def run_start_event(self) -> ev.RunStart:
         c = self.cfg
         return ev.RunStart(

@@ -87,17 +87,7 @@ class Trainer:
         status = "failed"
         try:
             self.emit(s.run_start_event())
-            self.emit(
-                ev.Amp(
-                    enabled=s.amp.enabled,
-                    dtype=s.amp.dtype,
-                    scaler=s.amp.scaler,
-                    scale=s.scale_value(),
-                    skipped_steps=0,
-                    epoch=None,
-                    reason=s.amp.reason,
-                )
-            )
+            self.emit(s.amp_event())
             s.join_kernel_warmup()  # before the first step: nothing may capture a graph beside its backward
             for msg in s.notes:
                 self.emit(ev.WarningEvent(msg, code="setup"))
