@@ -48,14 +48,18 @@ def main(argv: list[str] | None = None) -> int:
             + f"\n{escape(USAGE)}"
         )
         return 2
+    import contextlib
     import importlib
 
     from libreyolo.cli import cudastart
+    from libreyolo.engine.heap import held_collections
 
     cudastart.start(argv)  # the CUDA driver starts while the command's module imports torch
-    run: Callable[[list[str]], int] = importlib.import_module(COMMANDS[cmd][0]).run
+    # a run's start without the garbage collector's full walks of the heap that its imports set off (engine/heap.py)
     try:
-        return run(rest)
+        with held_collections() if cmd == "train" else contextlib.nullcontext():
+            run: Callable[[list[str]], int] = importlib.import_module(COMMANDS[cmd][0]).run
+            return run(rest)
     except LibreYOLOError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         return 2

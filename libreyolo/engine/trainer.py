@@ -17,6 +17,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
 from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far
 from libreyolo.engine.epochval import EpochValidations, start_val_workers, val_prefetch_due
+from libreyolo.engine.heap import frozen_heap, held_collections
 from libreyolo.engine.meters import HostRead, Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
@@ -72,6 +73,10 @@ class Trainer:
 
     # --- the run ------------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
+        with held_collections():  # through the start; the epochs run on a frozen heap (engine/heap.py)
+            return self._run()
+
+    def _run(self) -> dict[str, float]:
         t0 = time.time()
         undo: list[Callable[[], None]] = []
         try:
@@ -98,7 +103,8 @@ class Trainer:
                 from libreyolo.profiler import attach  # imported only when asked: profile=false costs nothing
 
                 attach(self)
-            ended = self._epochs()
+            with frozen_heap():
+                ended = self._epochs()
             self.writer.drain(wait=True)  # a failed write fails the run
             s.dist.finish()  # DDP: no rank leaves before rank 0 has written its checkpoints
             status = ended
