@@ -89,6 +89,8 @@ def test_evaluation_in_the_kept_child_process_gives_the_same_metrics(monkeypatch
     monkeypatch.setenv("PID_LOG", str(log))
     monkeypatch.setattr(coco, "_evaluate", _evaluate_noting_pid)
     process = EvalProcess()
+    process.start()
+    (started,) = process._pool._processes  # forked by start(), the one child that evaluates below
     try:
         for seed in (1, 2):
             acc = _noisy(np.random.default_rng(seed))[0]
@@ -98,7 +100,7 @@ def test_evaluation_in_the_kept_child_process_gives_the_same_metrics(monkeypatch
     pids = log.read_text().split()
     here = str(os.getpid())
     # alternately in one kept child and here
-    assert pids[1] == pids[3] == here and pids[0] == pids[2] != here, pids
+    assert pids[1] == pids[3] == here and pids[0] == pids[2] == str(started) != here, pids
     assert process._pool is None
 
 

@@ -86,6 +86,8 @@ class EpochValidations:
         # beside a GPU's steps the COCO evaluation runs in a child process: in this one it would hold the interpreter
         # lock that the loop needs to queue each step (eval/coco.py)
         self.eval_process = EvalProcess() if self.background else None
+        if self.eval_process is not None:
+            self.eval_process.start()  # forked while the warm-up runs, not beside the first epoch's last steps
         # the validated network is updated in place: one graph serves every validation
         self.graph = None
         if s.device.type == "cuda" and cfg.cuda_graph is not False and s.is_main:
