@@ -57,12 +57,16 @@ class _Pending:
     held_s: float  # how long starting it held the training loop
 
 
+def validation_due(cfg: Any, epoch: int) -> bool:
+    """Whether the run validates after this epoch: every epoch with val=true, else only the last."""
+    return bool(cfg.val or epoch == cfg.epochs - 1)
+
+
 def start_val_workers(s: Any, cfg: Any) -> None:
     """The validation workers' first pass starts now, while the setup waits for the kernel warm-up's backward (s: the
     run's TrainSetup). Started by the first epoch's prefetch instead, forking them (0.21 s on the H200 machine) held
     the loop so long that the GPU ran out of queued steps for 0.17 s (benchmarks/seam_gaps.py, docs/performance.md)."""
-    due = cfg.val or s.start_epoch == cfg.epochs - 1
-    if s.device.type == "cuda" and s.is_main and s.kernel_warmup is not None and due:
+    if s.device.type == "cuda" and s.is_main and s.kernel_warmup is not None and validation_due(cfg, s.start_epoch):
         if hasattr(s.val_loader, "prefetch") and s.val_loader.persistent_workers:
             s.val_loader.prefetch()
 
@@ -78,16 +82,16 @@ class EpochValidations:
         # on a GPU the validation runs beside the next epoch's steps, which update the source in place: it reads a
         # copy of its own, refreshed at each validation's start; elsewhere it reads the source itself
         self.background = s.device.type == "cuda" and s.is_main and not self.synchronous
+        # beside a GPU's steps the COCO evaluation runs in a child process: in this one it would hold the interpreter
+        # lock that the loop needs to queue each step (eval/coco.py)
+        self.eval_process = EvalProcess() if self.background else None
+        if self.eval_process is not None:
+            self.eval_process.start()  # forked before take_copy() waits for the warm-up, not beside the steps
         self.net = self.source
         if self.background:  # the kernel warm-up's copy of the detector, if any (one deep copy fewer)
             kept = s.kernel_warmup.take_copy() if s.kernel_warmup is not None else None
             self.net = kept if kept is not None else copy.deepcopy(self.source).eval().requires_grad_(False)
         self.stream = torch.cuda.Stream(s.device) if self.background else None
-        # beside a GPU's steps the COCO evaluation runs in a child process: in this one it would hold the interpreter
-        # lock that the loop needs to queue each step (eval/coco.py)
-        self.eval_process = EvalProcess() if self.background else None
-        if self.eval_process is not None:
-            self.eval_process.start()  # forked while the warm-up runs, not beside the first epoch's last steps
         # the validated network is updated in place: one graph serves every validation
         self.graph = None
         if s.device.type == "cuda" and cfg.cuda_graph is not False and s.is_main:
@@ -168,8 +172,7 @@ class EpochValidations:
             self.pending.validation.wait_device()
 
     def due(self, epoch: int) -> bool:
-        cfg = self.trainer.cfg
-        return cfg.val or epoch == cfg.epochs - 1
+        return validation_due(self.trainer.cfg, epoch)
 
     def prefetch(self, epoch: int) -> None:
         """Start the validation workers' pass a few steps before the epoch ends (they decode meanwhile)."""

@@ -149,7 +149,8 @@ def start_validation(
     eval_process: a kept child process the COCO evaluation runs in (eval/coco.py EvalProcess).
 
     The background thread shares the interpreter lock with the caller: faster-coco-eval holds it through its C++
-    evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits."""
+    evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits,
+    unless eval_process runs it."""
     t0 = time.perf_counter()
     st = stages or _no_stages
     if getattr(family, "task", "detect") == "classify":  # top-1 / top-5 on the device: no boxes, no COCO evaluation
