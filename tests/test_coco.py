@@ -1,8 +1,12 @@
 """The COCO accumulator against faster-coco-eval's own documented path (COCO + loadRes of result dicts)."""
 
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
+import pytest
 from faster_coco_eval import COCO, COCOeval_faster
 
 from libreyolo.eval import coco
@@ -116,3 +120,32 @@ def test_a_dead_evaluation_process_falls_back_to_this_one():
         assert process._pool is None and process._broken
     finally:
         process.close()
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie nobody has reaped yet (a container's first process may not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_kept_child_ends_when_its_parent_dies_without_closing_it():
+    # a parent killed or ended by os._exit never calls close(): its child must not wait for work forever
+    script = (
+        "import os\n"
+        "from libreyolo.eval.coco import EvalProcess\n"
+        "p = EvalProcess(); p.start()\n"
+        "print(*p._pool._processes, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline().split()[0])
+        assert parent.wait(timeout=60) == 0
+    deadline = time.monotonic() + 10 * coco.PARENT_CHECK_S + 5
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(child), f"EvalProcess's child {child} outlived its parent"

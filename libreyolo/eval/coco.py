@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 MAX_DETS = 100  # per image and class, as COCO's headline mAP
+PARENT_CHECK_S = 0.5  # how often EvalProcess's child looks whether its parent still lives
 PARALLEL_MIN_DETECTIONS = 200_000  # below this, starting processes costs more than it saves
 
 
@@ -146,7 +149,8 @@ class EvalProcess:
     evaluates (the caller's thread waits without the interpreter lock). Forked, not spawned: it starts in
     milliseconds with what this process imported, and spawn would re-import the caller's script; the child runs
     only numpy and faster-coco-eval, never CUDA. A child that died is not restarted: that evaluation and the later
-    ones run in the caller's process, as without one. close() ends it."""
+    ones run in the caller's process, as without one. close() ends it; a parent that ends without close() (killed,
+    or a crash's os._exit) leaves it to end itself within PARENT_CHECK_S."""
 
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
@@ -161,7 +165,9 @@ class EvalProcess:
     def _get_pool(self) -> ProcessPoolExecutor | None:
         with self._lock:
             if self._pool is None and not self._broken:
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+                self._pool = ProcessPoolExecutor(
+                    1, mp_context=multiprocessing.get_context("fork"), initializer=_end_with, initargs=(os.getpid(),)
+                )
                 self._pool.submit(int)  # the executor forks its worker at the first submission
             return self._pool
 
@@ -182,6 +188,20 @@ class EvalProcess:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _end_with(parent: int) -> None:
+    """EvalProcess's child: a thread that ends the process once `parent` is gone. The executor's worker waits for
+    work without a timeout and only its parent's executor tells it to stop: a parent that died without close()
+    would leave it waiting forever, holding the parent's stdout (a shell's `| tail` would never return). Not
+    PR_SET_PDEATHSIG: that fires when the forking thread ends, and the fork may come from a validation thread."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="libreyolo-parent-watch", daemon=True).start()
 
 
 def clip_to_images(rows: np.ndarray, images: np.ndarray) -> np.ndarray:
