@@ -24,6 +24,8 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
   guess plus one: a finite guess is taken as the largest finite exponent (so the run may start one halving lower
   than it could); an overflowing guess bisects below it as before;
 - guess: the pass at scale 1 only; its first guess is taken as the largest finite exponent unchecked;
+- serial: the setup waits for the warm-up's backward (the search) right after its forward, instead of building the
+  optimizer, EMA, step runner and validation beside it: whether that backward is slower for what runs beside it;
 Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
 - stream: no cache: hooks on the warm-up copy's convolutions and BatchNorms hand each new shape, as the warm-up's
   forward reaches it, to a helper thread that runs that layer's forward and backward once on constant tensors of the
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 T0 = float(os.environ.get("T_LAUNCH", time.time()))
-VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes", "stream", "confirm1", "guess")
+VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes", "stream", "confirm1", "guess", "serial")
 PASSES: list[list[Any]] = []  # the scale search's passes in this process: [exponent, finite, seconds]; the guess
 
 
@@ -74,6 +76,15 @@ def main(variants: list[str], args: list[str]) -> None:
         apply(v, torch, lossscale, warmup)
     record_passes(lossscale)  # around whichever search a variant put in place
     timed(warmup.KernelWarmup, "_forward", "warmup_forward_s")
+    forward = warmup.KernelWarmup._forward
+
+    def forward_marked(self: Any, *a: Any, **k: Any) -> Any:
+        try:
+            return forward(self, *a, **k)
+        finally:
+            out["forward_end_s"] = round(time.time() - T0, 3)
+
+    warmup.KernelWarmup._forward = forward_marked
     timed(lossscale.ScaleSearch, "search", "search_s")
     timed(warmup.KernelWarmup, "join", "join_s")
     emit = trainer.Trainer.emit
@@ -84,6 +95,7 @@ def main(variants: list[str], args: list[str]) -> None:
             out["run_start_s"] = round(time.time() - T0, 3)
         elif e.type == "step":
             out["first_step_s"] = round(time.time() - T0, 3)
+            out["forward_end_to_first_step_s"] = round(out["first_step_s"] - out.get("forward_end_s", 0.0), 3)
             out.update({k: round(v, 3) for k, v in spans.items()})
             out["passes"] = PASSES
             if "stream" in variants:
@@ -130,6 +142,14 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
         lossscale.largest_finite_exp = confirm1 if variant == "confirm1" else guess_only
     elif variant == "stream":
         patch_stream(torch, KW)
+    elif variant == "serial":
+        start = KW.start
+
+        def start_then_join(self: Any, *a: Any, **k: Any) -> None:
+            start(self, *a, **k)
+            self.join()
+
+        KW.start = start_then_join
     elif variant != "base":
         raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
 
