@@ -24,6 +24,10 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
   guess plus one: a finite guess is taken as the largest finite exponent (so the run may start one halving lower
   than it could); an overflowing guess bisects below it as before;
 - guess: the pass at scale 1 only; its first guess is taken as the largest finite exponent unchecked;
+- nofork: neither the validation workers nor the evaluation's child are forked during the setup (the first
+  epoch's prefetch and the first evaluation fork them, as before d0a6341 and 2b697c0);
+- earlyfork: the validation workers are forked as soon as their loader exists, before the training workers and the
+  warm-up, instead of beside the warm-up's backward;
 - serial: the setup waits for the warm-up's backward (the search) right after its forward, instead of building the
   optimizer, EMA, step runner and validation beside it: whether that backward is slower for what runs beside it;
 Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
@@ -44,7 +48,19 @@ from pathlib import Path
 from typing import Any
 
 T0 = float(os.environ.get("T_LAUNCH", time.time()))
-VARIANTS = ("base", "nohooks", "switch", "optwarm", "shapes", "stream", "confirm1", "guess", "serial")
+VARIANTS = (
+    "base",
+    "nohooks",
+    "switch",
+    "optwarm",
+    "shapes",
+    "stream",
+    "confirm1",
+    "guess",
+    "serial",
+    "nofork",
+    "earlyfork",
+)
 PASSES: list[list[Any]] = []  # the scale search's passes in this process: [exponent, finite, seconds]; the guess
 
 
@@ -142,6 +158,23 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
         lossscale.largest_finite_exp = confirm1 if variant == "confirm1" else guess_only
     elif variant == "stream":
         patch_stream(torch, KW)
+    elif variant == "nofork":
+        from libreyolo.engine import epochval, trainer
+
+        trainer.start_val_workers = lambda s, cfg: None  # type: ignore[attr-defined]
+        epochval.EvalProcess.start = lambda self: None  # forked at the first evaluation instead
+    elif variant == "earlyfork":
+        from libreyolo.engine import setup
+
+        make_val_loader = setup.val_loader
+
+        def val_loader_primed(*a: Any, **k: Any) -> Any:
+            vl = make_val_loader(*a, **k)
+            if vl.persistent_workers:
+                vl.prefetch()
+            return vl
+
+        setup.val_loader = val_loader_primed
     elif variant == "serial":
         start = KW.start
 

@@ -329,3 +329,40 @@ def test_the_validation_warm_up_starts_once_after_its_steps_and_a_validation_wai
     assert prefetched_after == [0]
     vals.wait_device()  # a validation's start, invalidate(), the end of the run
     assert ran == ["libreyolo-val-warm"] and vals._warm is None
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (1, True)])
+def test_validation_passes_leave_the_global_random_stream_alone(tiny_data, workers, persistent):
+    # the setup starts the validation workers early: their start must not shift the training's seeds (the train
+    # loader's workers take theirs from torch's global generator, drawn when its pass opens)
+    ds, _ = _dataset(tiny_data)
+    loader = ValLoader(ds, 3, workers, False, persistent=persistent)
+    try:
+        before = torch.random.get_rng_state()
+        loader.prefetch()
+        for _ in range(2):
+            assert sum(len(b["img"]) for b in loader) == len(ds)
+        assert torch.equal(torch.random.get_rng_state(), before)
+    finally:
+        loader.close()
+
+
+def test_setup_starts_validation_workers_early_only_where_a_gpu_run_validates_first(tiny_data):
+    from libreyolo.engine.epochval import start_val_workers
+
+    ds, _ = _dataset(tiny_data)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    cases = [  # (device, main rank, first epoch validates, persistent) -> primed
+        ((cuda, True, True, True), True),
+        ((cpu, True, True, True), False),
+        ((cuda, False, True, True), False),
+        ((cuda, True, False, True), False),
+        ((cuda, True, True, False), False),
+    ]
+    for (device, main, due, persistent), primed in cases:
+        loader = ValLoader(ds, 3, 1, False, persistent=persistent)
+        try:
+            start_val_workers(loader, device, main, due)
+            assert (loader._primed or loader._ahead is not None) == primed, (device, main, due, persistent)
+        finally:
+            loader.close()

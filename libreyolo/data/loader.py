@@ -199,6 +199,9 @@ class ValLoader(DataLoader):
             persistent_workers=persistent and workers > 0,
             prefetch_factor=val_prefetch_factor(n_batches, batch_size, workers),
             worker_init_fn=_worker_init if workers > 0 else None,
+            # each pass's worker seed comes from here, not from torch's global generator: validation draws nothing,
+            # so when or how often it starts its workers leaves training's random stream as it was
+            generator=torch.Generator().manual_seed(0),
         )
         self._ahead: Iterator | None = None  # a pass started by prefetch() (non-persistent workers)
         self._primed = False  # persistent workers: DataLoader keeps the started pass in _iterator

@@ -62,13 +62,15 @@ def validation_due(cfg: Any, epoch: int) -> bool:
     return bool(cfg.val or epoch == cfg.epochs - 1)
 
 
-def start_val_workers(s: Any, cfg: Any) -> None:
-    """The validation workers' first pass starts now, while the setup waits for the kernel warm-up's backward (s: the
-    run's TrainSetup). Started by the first epoch's prefetch instead, forking them (0.21 s on the H200 machine) held
-    the loop so long that the GPU ran out of queued steps for 0.17 s (benchmarks/seam_gaps.py, docs/performance.md)."""
-    if s.device.type == "cuda" and s.is_main and s.kernel_warmup is not None and validation_due(cfg, s.start_epoch):
-        if hasattr(s.val_loader, "prefetch") and s.val_loader.persistent_workers:
-            s.val_loader.prefetch()
+def start_val_workers(val_loader: Any, device: torch.device, is_main: bool, due: bool) -> None:
+    """The persistent validation workers' first pass starts as soon as their loader exists (the setup's call; due:
+    the first epoch validates). Forked there, before the warm-up, they cost the start their own fork only. Forked
+    beside the warm-up's backward instead, the forks held that backward (the start's critical path) 0.3 s longer;
+    in the first epoch's prefetch they held the loop until the GPU ran out of queued steps for 0.17 s
+    (benchmarks/start_variants.py, benchmarks/seam_gaps.py, docs/performance.md)."""
+    if device.type == "cuda" and is_main and due and getattr(val_loader, "persistent_workers", False):
+        if hasattr(val_loader, "prefetch"):
+            val_loader.prefetch()
 
 
 class EpochValidations:

@@ -37,6 +37,7 @@ from libreyolo.engine.bytecode import uncached_bytecode_note
 from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
 from libreyolo.engine.components import build_step_parts, overlap_wanted
 from libreyolo.engine.ema import ModelEMA
+from libreyolo.engine.epochval import start_val_workers, validation_due
 from libreyolo.engine.lossscale import ScaleSearch, scale_reason, set_start_scale, start_loss_scale
 from libreyolo.engine.meters import LossMeter
 from libreyolo.engine.rundir import increment_run_dir, write_args
@@ -275,12 +276,14 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size, device)
     # persistent validation workers: no start-up each epoch, and they decode during an epoch's last steps
     vl = val_loader(val_ds, min(batch_per_rank * 2, 64), default_val_workers(workers), pin, persistent=dist.is_main)
+    start_epoch, start_step = (int(ckpt["epoch"]), int(ckpt["step"])) if ckpt is not None else (0, 0)
+    start_val_workers(vl, device, dist.is_main, validation_due(cfg, start_epoch))
+    undo.append(vl.close)
     sampler = tl.batch_sampler
     assert isinstance(sampler, TrainBatchSampler)
     nb = sampler.batches_per_epoch()
     # the first loader pass starts now: its workers decode the first batches while the network, optimizer and
     # step are built (unless a family hook is due first; the trainer opens that pass after the hook)
-    start_epoch, start_step = (int(ckpt["epoch"]), int(ckpt["step"])) if ckpt is not None else (0, 0)
     first_pass, first = None, None
     if not passes.hook_due(cfg, family.hooks, start_epoch, start_epoch):
         it, until = passes.open_pass(cfg, family.hooks, sampler, tl, start_epoch, start_epoch, start_step)

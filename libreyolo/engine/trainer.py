@@ -16,7 +16,7 @@ from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
 from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far
-from libreyolo.engine.epochval import EpochValidations, start_val_workers, val_prefetch_due
+from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
 from libreyolo.engine.heap import frozen_heap, held_collections
 from libreyolo.engine.meters import HostRead, Throughput
 from libreyolo.engine.setup import TrainSetup, build_setup
@@ -83,7 +83,6 @@ class Trainer:
             self.s = s = build_setup(self, undo)
             if not s.resumed:  # pickled while the validation's copy waits for the warm-up, not beside the first steps
                 self.save("last")
-            start_val_workers(s, self.cfg)
         except BaseException:
             for fn in reversed(undo):  # the loader workers the setup had started
                 fn()
