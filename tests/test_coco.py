@@ -132,20 +132,22 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_kept_child_ends_when_its_parent_dies_without_closing_it():
-    # a parent killed or ended by os._exit never calls close(): its child must not wait for work forever
-    script = (
-        "import os\n"
-        "from libreyolo.eval.coco import EvalProcess\n"
-        "p = EvalProcess(); p.start()\n"
-        "print(*p._pool._processes, flush=True)\n"
-        "os._exit(0)\n"
-    )
+@pytest.mark.parametrize(
+    "make",
+    [
+        "p = coco.EvalProcess(); p.start(); pids = list(p._pool._processes)",  # the kept child
+        "p = coco.forked_pool(2); [f.result() for f in [p.submit(int) for _ in range(4)]]; pids = list(p._processes)",
+    ],
+)
+def test_evaluation_children_end_when_their_parent_dies_without_closing_them(make):
+    # a parent killed or ended by os._exit never shuts its pool down: its children must not wait for work forever
+    script = f"import os\nfrom libreyolo.eval import coco\n{make}\nprint(*pids, flush=True)\nos._exit(0)\n"
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:
         assert parent.stdout is not None
-        child = int(parent.stdout.readline().split()[0])
+        children = [int(pid) for pid in parent.stdout.readline().split()]
         assert parent.wait(timeout=60) == 0
+    assert children
     deadline = time.monotonic() + 10 * coco.PARENT_CHECK_S + 5
-    while not _gone(child) and time.monotonic() < deadline:
+    while not all(map(_gone, children)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _gone(child), f"EvalProcess's child {child} outlived its parent"
+    assert all(map(_gone, children)), f"evaluation children {children} outlived their parent"

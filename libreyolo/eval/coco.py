@@ -119,8 +119,7 @@ class CocoAccumulator:
             run = process.run if process is not None else _evaluate
             precision, rec_thrs, iou_thrs = run(images, gt, dt, np.arange(nc))
         else:
-            # fork: the children only run numpy and faster-coco-eval; spawn would re-import the caller's script
-            with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("fork")) as pool:
+            with forked_pool(len(groups)) as pool:
                 parts = list(pool.map(_evaluate, *zip(*[_only(images, gt, dt, g) for g in groups])))
             precision = np.empty(parts[0][0].shape[:2] + (nc,), np.float64)
             for g, (p, _, _) in zip(groups, parts):
@@ -165,9 +164,7 @@ class EvalProcess:
     def _get_pool(self) -> ProcessPoolExecutor | None:
         with self._lock:
             if self._pool is None and not self._broken:
-                self._pool = ProcessPoolExecutor(
-                    1, mp_context=multiprocessing.get_context("fork"), initializer=_end_with, initargs=(os.getpid(),)
-                )
+                self._pool = forked_pool(1)
                 self._pool.submit(int)  # the executor forks its worker at the first submission
             return self._pool
 
@@ -190,11 +187,19 @@ class EvalProcess:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def forked_pool(workers: int) -> ProcessPoolExecutor:
+    """Evaluation children, forked: they only run numpy and faster-coco-eval, and spawn would re-import the caller's
+    script. Each ends itself once this process is gone (_end_with)."""
+    fork = multiprocessing.get_context("fork")
+    return ProcessPoolExecutor(workers, fork, initializer=_end_with, initargs=(os.getpid(),))
+
+
 def _end_with(parent: int) -> None:
-    """EvalProcess's child: a thread that ends the process once `parent` is gone. The executor's worker waits for
-    work without a timeout and only its parent's executor tells it to stop: a parent that died without close()
-    would leave it waiting forever, holding the parent's stdout (a shell's `| tail` would never return). Not
-    PR_SET_PDEATHSIG: that fires when the forking thread ends, and the fork may come from a validation thread."""
+    """An evaluation child's initializer: a thread that ends the process once `parent` is gone. An executor's worker
+    waits for work without a timeout and only its parent's executor tells it to stop: a parent that died without
+    shutting it down would leave it waiting forever, holding the parent's stdout (a shell's `| tail` would never
+    return). Not PR_SET_PDEATHSIG: that fires when the forking thread ends, and the fork may come from a validation
+    thread."""
 
     def watch() -> None:
         while os.getppid() == parent:
