@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -147,6 +148,7 @@ def report(path: str, min_span: float = 0.04) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--report":
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the report quietly
         report(sys.argv[2], *(float(x) for x in sys.argv[3:4]))
     else:
         trace(sys.argv[1], sys.argv[2:])
