@@ -28,6 +28,8 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
   epoch's prefetch and the first evaluation fork them, as before d0a6341 and 2b697c0);
 - earlyfork: the validation workers are forked as soon as their loader exists, before the training workers and the
   warm-up, instead of beside the warm-up's backward;
+- evalearly: the evaluation's child is forked just before the validation workers, instead of while the setup waits
+  for the warm-up's backward;
 - serial: the setup waits for the warm-up's backward (the search) right after its forward, instead of building the
   optimizer, EMA, step runner and validation beside it: whether that backward is slower for what runs beside it;
 Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
@@ -60,6 +62,7 @@ VARIANTS = (
     "serial",
     "nofork",
     "earlyfork",
+    "evalearly",
 )
 PASSES: list[list[Any]] = []  # the scale search's passes in this process: [exponent, finite, seconds]; the guess
 
@@ -175,6 +178,17 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
             return vl
 
         setup.val_loader = val_loader_primed
+    elif variant == "evalearly":
+        from libreyolo.engine import epochval, setup
+
+        make_val_loader, made = setup.val_loader, epochval.EvalProcess()
+
+        def val_loader_and_child(*a: Any, **k: Any) -> Any:
+            made.start()
+            return make_val_loader(*a, **k)
+
+        setup.val_loader = val_loader_and_child
+        epochval.EvalProcess = lambda: made  # type: ignore[assignment,misc]
     elif variant == "serial":
         start = KW.start
 
