@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 MAX_DETS = 100  # per image and class, as COCO's headline mAP
-PARENT_CHECK_S = 0.5  # how often EvalProcess's child looks whether its parent still lives
+PARENT_CHECK_S = 0.5  # how often an evaluation child looks whether its parent still lives
 PARALLEL_MIN_DETECTIONS = 200_000  # below this, starting processes costs more than it saves
 
 
