@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
 import torch
 from torch import nn
 
+from libreyolo.nn.clone import clone
+
 
 class ModelEMA:
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
-        self.ema = copy.deepcopy(model).eval()
+        self.ema = clone(model).eval()  # copy.deepcopy, faster (nn/clone.py)
         for p in self.ema.parameters():
             p.requires_grad_(False)
         self.decay, self.tau, self.updates = decay, tau, updates

@@ -13,7 +13,6 @@ same point) and while profiling, validation is synchronous."""
 
 from __future__ import annotations
 
-import copy
 import math
 import threading
 import time
@@ -32,6 +31,7 @@ from libreyolo.eval.coco import EvalProcess, load_evaluator
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.threaded import ThreadedValidation
 from libreyolo.eval.validator import PendingValidation, start_validation, to_input
+from libreyolo.nn.clone import clone
 from libreyolo.tasks import get_task
 
 # The validation workers start decoding this many steps before an epoch ends, or earlier, VAL_HEAD_START_S before
@@ -92,7 +92,7 @@ class EpochValidations:
         self.net = self.source
         if self.background:  # the kernel warm-up's copy of the detector, if any (one deep copy fewer)
             kept = s.kernel_warmup.take_copy() if s.kernel_warmup is not None else None
-            self.net = kept if kept is not None else copy.deepcopy(self.source).eval().requires_grad_(False)
+            self.net = kept if kept is not None else clone(self.source).eval().requires_grad_(False)
         self.stream = torch.cuda.Stream(s.device) if self.background else None
         # the validated network is updated in place: one graph serves every validation
         self.graph = None

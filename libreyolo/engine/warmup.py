@@ -28,7 +28,6 @@ the trainer before its first step (a graph capture must not run beside it)."""
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from torch import nn
 from libreyolo.engine.lossscale import ScaleSearch, start_scale
 from libreyolo.engine.step import feed_targets, train_forward
 from libreyolo.families import ExampleOutputs, LossFn
+from libreyolo.nn.clone import clone
 
 
 def warmup_wanted(device: torch.device, world_size: int, cudnn_benchmark: bool) -> bool:
@@ -118,7 +118,7 @@ class KernelWarmup:
         setup)."""
         t = time.perf_counter()
         memo: dict[int, Any] = {}
-        replica = copy.deepcopy(net, memo).train()
+        replica = clone(net, memo).train()
         self._kept = memo.get(id(keep)) if keep is not None else None
         cuda = self.device.type == "cuda"
         devices = [self.device.index if self.device.index is not None else torch.cuda.current_device()] if cuda else []
