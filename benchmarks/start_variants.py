@@ -114,7 +114,8 @@ def main(variants: list[str], args: list[str]) -> None:
             out["run_start_s"] = round(time.time() - T0, 3)
         elif e.type == "step":
             out["first_step_s"] = round(time.time() - T0, 3)
-            out["forward_end_to_first_step_s"] = round(out["first_step_s"] - out.get("forward_end_s", 0.0), 3)
+            if "forward_end_s" in out:  # no warm-up (CPU, DDP, cuDNN timing on): no forward to count from
+                out["forward_end_to_first_step_s"] = round(out["first_step_s"] - out["forward_end_s"], 3)
             out.update({k: round(v, 3) for k, v in spans.items()})
             out["passes"] = PASSES
             if "stream" in variants:
