@@ -25,6 +25,7 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
+from libreyolo.data.loader import ValLoader
 from libreyolo.engine.graphs import STABLE_AFTER
 from libreyolo.engine.rundir import append_results, results_columns, results_row
 from libreyolo.eval.coco import EvalProcess, load_evaluator
@@ -62,15 +63,14 @@ def validation_due(cfg: Any, epoch: int) -> bool:
     return bool(cfg.val or epoch == cfg.epochs - 1)
 
 
-def start_val_workers(val_loader: Any, device: torch.device, is_main: bool, due: bool) -> None:
+def start_val_workers(val_loader: ValLoader, device: torch.device, is_main: bool, due: bool) -> None:
     """The persistent validation workers' first pass starts as soon as their loader exists (the setup's call; due:
     the first epoch validates). Forked there, before the warm-up, they cost the start their own fork only. Forked
     beside the warm-up's backward instead, the forks held that backward (the start's critical path) 0.3 s longer;
     in the first epoch's prefetch they held the loop until the GPU ran out of queued steps for 0.17 s
     (benchmarks/start_variants.py, benchmarks/seam_gaps.py, docs/performance.md)."""
-    if device.type == "cuda" and is_main and due and getattr(val_loader, "persistent_workers", False):
-        if hasattr(val_loader, "prefetch"):
-            val_loader.prefetch()
+    if device.type == "cuda" and is_main and due and val_loader.persistent_workers:
+        val_loader.prefetch()
 
 
 class EpochValidations:
