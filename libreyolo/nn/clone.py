@@ -50,9 +50,9 @@ def _immutable(v: Any) -> bool:
 
 
 def _value(v: Any, memo: dict[int, Any]) -> Any:
-    t = type(v)
-    if t in _IMMUTABLE:
+    if _immutable(v):
         return v
+    t = type(v)
     if t in _EMPTY_NEW and not v:
         got = memo.get(id(v))
         if got is None:
@@ -66,8 +66,6 @@ def _value(v: Any, memo: dict[int, Any]) -> Any:
         return got
     if isinstance(v, nn.Module):
         return clone(v, memo)
-    if t is tuple and all(map(_immutable, v)):
-        return v
     return copy.deepcopy(v, memo)
 
 
