@@ -242,31 +242,6 @@ def test_val_loader_prefetch_yields_each_batch_once_in_order(tiny_data):
     assert default_val_workers(15) == 7 and default_val_workers(1) == 1 and default_val_workers(0) == 0
 
 
-def test_staged_val_passes_give_the_unstaged_metrics_and_end_their_threads(tiny_data):
-    """A pass read through page-locked slots (the CPU stands in for the device: PinnedStager then stages into
-    ordinary memory and recycles its slots at once) validates as the plain pass does, although each slot is
-    overwritten by a later batch: nothing of a batch may be kept past it (image ids included)."""
-    import threading
-
-    ds, names = _dataset(tiny_data)
-    net = _ReplayNet(ds, 1, len(names))
-    plain = validate(net, _family(N.nms_packed), ValLoader(ds, 1, 0, False), torch.device("cpu"), names)
-    assert 0.1 < plain["map50"] < 0.99
-    for workers, persistent in ((0, False), (1, True)):
-        loader = ValLoader(ds, 1, workers, False, persistent=persistent)
-        loader.stage_to = torch.device("cpu")
-        try:
-            for _ in range(2):
-                loader.prefetch()
-                net.calls = 0
-                staged = validate(net, _family(N.nms_packed), loader, torch.device("cpu"), names)
-                for k in ("map", "map50", "precision", "recall", "images", "detections"):
-                    assert staged[k] == plain[k], (k, workers)
-        finally:
-            loader.close()
-        assert not any(t.name == "libreyolo-stage" for t in threading.enumerate())
-
-
 def test_parallel_coco_evaluation_by_categories_is_exact(monkeypatch):
     from libreyolo.eval import coco
 

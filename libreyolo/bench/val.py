@@ -111,7 +111,7 @@ def bench_val(
     net = model.net.to(device).eval()
     loss_fn = model.family.loss(net, TrainConfig.from_overrides({}, family=model.family))  # the family's own loss gains
     loader = ValLoader(
-        YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda", persistent=True, device=device
+        YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda", persistent=True
     )
     graph = device.type == "cuda" if graph is None else graph and device.type == "cuda"
     static = static or graph
@@ -144,8 +144,7 @@ def bench_val(
         for b in loader:
             first_s = first_s if first_s is not None else time.perf_counter() - t0
             n_images += b["img"].shape[0]
-            # a copy: the loader's page-locked slots (and their device images) are reused for later batches
-            warm = warm if warm is not None or not b["img"].shape[0] else b["img"].clone()
+            warm = warm or (b if b["img"].shape[0] else None)
         loader_s = time.perf_counter() - t0
         # warm-up: one batch through the network
         t = time.perf_counter()
@@ -158,7 +157,7 @@ def bench_val(
             ):
                 model.family.postprocess(
                     net,
-                    net(to_input(warm, device)),
+                    net(to_input(warm["img"], device)),
                     (cfg.imgsz, cfg.imgsz),
                     cfg.conf,
                     cfg.iou,

@@ -159,8 +159,6 @@ def train_loader(
 # decodes all of it while the last training steps run), bounded for large sets: at 640 px a letterboxed image
 # is 1.2 MB of shared memory
 VAL_QUEUE_IMAGES = 512
-# page-locked slots of a validation pass: the batch the validation reads and two staged behind it
-VAL_SLOTS = 3
 
 
 def default_val_workers(train_workers: int) -> int:
@@ -181,11 +179,7 @@ def val_prefetch_factor(n_batches: int, batch_size: int, workers: int) -> int | 
 class ValLoader(DataLoader):
     """The validation loader: letterboxed uint8 batches in dataset order, each of batch_size images but the last
     (and but for unreadable images, which are reported in batch["bad"] and left out), collated with the
-    letterbox of every image (scale, pad, shape). With pin, a pass is page-locked through data/staging.PinnedStager
-    (a few slots, the images also copied to `device`, the current CUDA device if None) as it is read, not by
-    torch's pin-memory thread: that thread page-locks every batch the workers queue as soon as it arrives, and a
-    pass started early (below) queues a small validation set whole, so its ~450 MB of cudaHostAlloc ran beside the
-    setup's first CUDA work (H200, docs/performance.md). A batch's tensors are valid until the next one is taken.
+    letterbox of every image (scale, pad, shape) and pinned when pin is set.
 
     persistent=True keeps the workers from one validation to the next (no start-up per epoch). prefetch() starts
     the next pass at once, so the workers decode while the caller still does something else (the last training
@@ -193,15 +187,7 @@ class ValLoader(DataLoader):
     (training must call it when it ends: left to interpreter exit, torch joins each persistent worker with a 5 s
     timeout)."""
 
-    def __init__(
-        self,
-        dataset: YOLODataset,
-        batch_size: int,
-        workers: int,
-        pin: bool,
-        persistent: bool = False,
-        device: torch.device | None = None,
-    ):
+    def __init__(self, dataset: YOLODataset, batch_size: int, workers: int, pin: bool, persistent: bool = False):
         n_batches = math.ceil(len(dataset) / max(1, batch_size))
         super().__init__(
             dataset,
@@ -209,6 +195,7 @@ class ValLoader(DataLoader):
             shuffle=False,
             num_workers=workers,
             collate_fn=collate,
+            pin_memory=pin,
             persistent_workers=persistent and workers > 0,
             prefetch_factor=val_prefetch_factor(n_batches, batch_size, workers),
             worker_init_fn=_worker_init if workers > 0 else None,
@@ -218,14 +205,11 @@ class ValLoader(DataLoader):
         )
         self._ahead: Iterator | None = None  # a pass started by prefetch() (non-persistent workers)
         self._primed = False  # persistent workers: DataLoader keeps the started pass in _iterator
-        self.stage_to = (device or torch.device("cuda", torch.cuda.current_device())) if pin else None
-        self._stager: PinnedStager | None = None
 
     def prefetch(self) -> None:
         """Start the next pass now (workers begin decoding); a second call before iterating does nothing."""
         if self._primed or self._ahead is not None:
             return
-        self._close_stager()  # persistent workers: the new pass resets the iterator the last stager read
         it = super().__iter__()
         if self.persistent_workers:
             self._primed = True
@@ -233,44 +217,26 @@ class ValLoader(DataLoader):
             self._ahead = it
 
     def __iter__(self) -> Iterator:
-        self._close_stager()  # persistent workers: a new pass resets the iterator the last stager read
         if self._ahead is not None:
             it, self._ahead = self._ahead, None
-        elif self._primed and getattr(self, "_iterator", None) is not None:
-            self._primed = False
-            it = self._iterator
-        else:
-            self._primed = False
-            it = super().__iter__()
-        if self.stage_to is None:
             return it
-        self._stager = PinnedStager(it, self.stage_to, slots=VAL_SLOTS, to_device=("img",))
-        return self._stager
-
-    def _close_stager(self) -> None:
-        if self._stager is not None:
-            self._stager.close()
-            self._stager = None
+        if self._primed and getattr(self, "_iterator", None) is not None:
+            self._primed = False
+            return self._iterator
+        self._primed = False
+        return super().__iter__()
 
     def close(self) -> None:
         """Stop the workers now: dropping the iterator sends them their stop sentinel."""
-        self._close_stager()
         self._ahead, self._primed = None, False
         if getattr(self, "_iterator", None) is not None:
             self._iterator = None
 
 
-def val_loader(
-    dataset: YOLODataset,
-    batch_size: int,
-    workers: int,
-    pin: bool,
-    persistent: bool = False,
-    device: torch.device | None = None,
-) -> ValLoader:
+def val_loader(dataset: YOLODataset, batch_size: int, workers: int, pin: bool, persistent: bool = False) -> ValLoader:
     """Not persistent unless asked: `ValLoader` says how persistent validation workers are opened early and
-    released, and how a pass is page-locked for `device`."""
-    return ValLoader(dataset, batch_size, workers, pin, persistent, device)
+    released."""
+    return ValLoader(dataset, batch_size, workers, pin, persistent)
 
 
 def release_workers(loader: torch.utils.data.DataLoader[Any]) -> None:

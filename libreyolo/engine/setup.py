@@ -275,9 +275,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     # --- end image cache
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size, device)
     # persistent validation workers: no start-up each epoch, and they decode during an epoch's last steps
-    vl = val_loader(
-        val_ds, min(batch_per_rank * 2, 64), default_val_workers(workers), pin, persistent=dist.is_main, device=device
-    )
+    vl = val_loader(val_ds, min(batch_per_rank * 2, 64), default_val_workers(workers), pin, persistent=dist.is_main)
     start_epoch, start_step = (int(ckpt["epoch"]), int(ckpt["step"])) if ckpt is not None else (0, 0)
     start_val_workers(vl, device, dist.is_main, validation_due(cfg, start_epoch))
     undo.append(vl.close)

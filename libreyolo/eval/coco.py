@@ -84,7 +84,7 @@ class CocoAccumulator:
         """A batch: image_ids (B,) dataset image ids; dets (N, 7) batch position, x1, y1, x2, y2, score, class."""
         if self._all_gt is None:
             raise ValueError("add_batch needs the dataset's ground truth (CocoAccumulator(names, ground_truth=...))")
-        image_ids = np.array(image_ids, np.int64)  # a copy: a staged batch's buffers are reused for the next one
+        image_ids = np.asarray(image_ids, np.int64)
         self._ids.append(image_ids)
         d = np.asarray(dets, np.float64).reshape(-1, 7)
         self._dt.append(np.column_stack([image_ids[d[:, 0].astype(np.int64)], d[:, 6], d[:, 1:5], d[:, 5]]))

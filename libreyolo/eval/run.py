@@ -52,7 +52,7 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     batch = 16 if cfg.batch == -1 else cfg.batch
     workers = cfg.workers if cfg.workers is not None else default_workers(batch, len(gpus))
     dataset = (ClassifyDataset if classify else YOLODataset)(ls, cfg.imgsz, augment=False)
-    loader = val_loader(dataset, batch, workers, device.type == "cuda", device=device)
+    loader = val_loader(dataset, batch, workers, device.type == "cuda")
     net = model.net.to(device)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     # a large COCO evaluation (COCO val2017 holds up to 1.5 M detections) is split by categories over processes
