@@ -75,8 +75,11 @@ def main(variants: list[str], args: list[str]) -> None:
 
     import libreyolo.cli.main as cli_main
     from libreyolo.engine import lossscale, trainer, warmup
+    from libreyolo.engine.bytecode import uncached_bytecode_note
 
-    out: dict[str, Any] = {"variants": variants}
+    # a start that compiled torch from source is not comparable with one that read its bytecode cache (`import
+    # torch` 3.4-3.7 s against 1.6-1.9 s on the H200's image, which sets PYTHONDONTWRITEBYTECODE)
+    out: dict[str, Any] = {"variants": variants, "torch_bytecode_cached": uncached_bytecode_note(torch) is None}
     spans: dict[str, float] = {}
 
     def timed(owner: Any, name: str, label: str) -> None:
