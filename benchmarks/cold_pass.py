@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 import torch
@@ -113,7 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if "--" in sys.argv:
-        i = sys.argv.index("--")
-        sys.argv = sys.argv[:i] + sys.argv[i + 1 :]
-    main()
+    main()  # argparse takes the keys after `--` as the positional overrides

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -134,7 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if "--" in sys.argv:
-        i = sys.argv.index("--")
-        sys.argv = sys.argv[:i] + sys.argv[i + 1 :]
-    main()
+    main()  # argparse takes the keys after `--` as the positional overrides
