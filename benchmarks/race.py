@@ -155,8 +155,9 @@ def main() -> int:
         "best_map": max(float(r["metrics/mAP50-95(B)"]) for r in rows) if rows else None,
         "map_per_epoch": [round(float(r["metrics/mAP50-95(B)"]), 4) for r in rows],
         "args": a.args,
-        # whether the run compiled torch from source at its start (the setup's note): such a start is not comparable
-        # with one that read the bytecode cache (`import torch` 3.4-3.7 s against 1.6-1.9 s on the H200's image)
+        # False: torch has no bytecode cache (the setup's note), so every start compiles it from source and is not
+        # comparable with one that reads the cache (`import torch` 3.4-3.7 s against 1.6-1.9 s on the H200's image);
+        # True also for the one process that wrote the cache
         "torch_bytecode_cached": "has no bytecode cache" not in proc.stdout,
     }
     if not out["torch_bytecode_cached"]:

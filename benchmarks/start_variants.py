@@ -77,8 +77,9 @@ def main(variants: list[str], args: list[str]) -> None:
     from libreyolo.engine import lossscale, trainer, warmup
     from libreyolo.engine.bytecode import uncached_bytecode_note
 
-    # a start that compiled torch from source is not comparable with one that read its bytecode cache (`import
-    # torch` 3.4-3.7 s against 1.6-1.9 s on the H200's image, which sets PYTHONDONTWRITEBYTECODE)
+    # False: torch has no bytecode cache, so every start compiles it from source and is not comparable with one
+    # that reads the cache (`import torch` 3.4-3.7 s against 1.6-1.9 s on the H200's image, which sets
+    # PYTHONDONTWRITEBYTECODE); True also for the one process that wrote the cache
     out: dict[str, Any] = {"variants": variants, "torch_bytecode_cached": uncached_bytecode_note(torch) is None}
     spans: dict[str, float] = {}
 
