@@ -27,17 +27,18 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
 - nofork: neither the validation workers nor the evaluation's child are forked during the setup (the first
   epoch's prefetch and the first evaluation fork them, as before d0a6341 and 2b697c0);
 - earlyfork: the validation workers are forked as soon as their loader exists, before the training workers and the
-  warm-up, instead of beside the warm-up's backward;
+  warm-up, instead of beside the warm-up's backward (the library's own order since bf8c603: no change on it);
 - evalearly: the evaluation's child is forked just before the validation workers, instead of while the setup waits
   for the warm-up's backward;
 - serial: the setup waits for the warm-up's backward (the search) right after its forward, instead of building the
   optimizer, EMA, step runner and validation beside it: whether that backward is slower for what runs beside it;
-Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
 - stream: no cache: hooks on the warm-up copy's convolutions and BatchNorms hand each new shape, as the warm-up's
   forward reaches it, to a helper thread that runs that layer's forward and backward once on constant tensors of the
   same shape, dtype and memory format (no random numbers drawn), so the backward's kernels load while the forward
   runs; the warm-up's backward starts once the helper has drained its queue.
-What each did to the start on the H200 (none was adopted): docs/performance.md, fourteenth session."""
+Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
+What each did to the start on the H200: docs/performance.md, fourteenth session (none adopted) and the sections of
+2026-12-04 (earlyfork adopted)."""
 
 from __future__ import annotations
 
@@ -167,9 +168,9 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
     elif variant == "stream":
         patch_stream(torch, KW)
     elif variant == "nofork":
-        from libreyolo.engine import epochval, trainer
+        from libreyolo.engine import epochval, setup
 
-        trainer.start_val_workers = lambda s, cfg: None  # type: ignore[attr-defined]
+        setup.start_val_workers = lambda *a, **k: None  # forked by the first epoch's prefetch instead
         epochval.EvalProcess.start = lambda self: None  # forked at the first evaluation instead
     elif variant == "earlyfork":
         from libreyolo.engine import setup
