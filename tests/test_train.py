@@ -148,19 +148,26 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
     ]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     events = tmp_path / "exp" / "events.jsonl"
+    weights = tmp_path / "exp" / "weights"
     deadline = time.time() + 120
+    idle = 0  # consecutive polls that found no checkpoint being written
     try:
         while time.time() < deadline:
             seen = list(read_events(events)) if events.exists() else []
             # mid-epoch 2, once epoch 1's last.pt has landed (its writer thread may still be busy after the
             # epoch's first steps on a loaded machine; the checkpoint event is emitted when the file is in place)
-            if any(e["type"] == "checkpoint" and e["kind"] == "last" and e["epoch"] >= 1 for e in seen) and any(
-                e["type"] == "step" and e["epoch"] >= 1 and e["step"] >= 2 for e in seen
+            # and no write is in flight: a kill during one (best.pt follows last.pt) leaves its temporary file,
+            # which the atomic write keeps apart from the checkpoint but cannot remove
+            idle = 0 if list(weights.glob(".*.tmp")) else idle + 1
+            if (
+                any(e["type"] == "checkpoint" and e["kind"] == "last" and e["epoch"] >= 1 for e in seen)
+                and any(e["type"] == "step" and e["epoch"] >= 1 and e["step"] >= 2 for e in seen)
+                and idle >= 3
             ):
                 break
             time.sleep(0.05)
         else:
-            pytest.fail("the run never reached epoch 2 with epoch 1's last.pt written")
+            pytest.fail("the run never reached epoch 2 with epoch 1's last.pt written and no write in flight")
         os.kill(p.pid, signal.SIGKILL)
     finally:
         p.wait(timeout=30)
