@@ -1,0 +1,169 @@
+"""The overlapped eager step by where its two busy threads run: the loop's thread (forward, loss) and autograd's
+device thread (the backward beside the next forward), each pinned to a CPU or left to the scheduler.
+
+    python benchmarks/eager_cpus.py [--rounds 4] [--steps 48] -- model=LibreYOLO9t batch=8 imgsz=640
+
+An experiment (needs a CUDA GPU). Overlapped, each thread is busy ~50 ms of CPU per micro-step, but a micro-step
+takes 75-80 ms and the forward's CPU time grows by 10-24 ms beside the backward (docs/performance.md,
+benchmarks/eager_split.py): is that two threads sharing a physical core (SMT siblings) or its caches? Placements,
+alternating in one process on one runner (BatchNorm on cuDNN or, with `+bn`, on PyTorch's kernels:
+benchmarks/conv_paths.py):
+- free: no pinning (the library);
+- cores: the two threads on CPUs of two different cores;
+- siblings: on two hardware threads of one core (where the machine has SMT);
+- one: both on one CPU;
+- serial: no pinning, the backward in the loop (not beside the next forward);
+- keep: no pinning, overlapped, the backward keeps its graph (retain_graph): the saved activations, once Python
+  objects, are then freed by the loop's thread instead of autograd's, which needs the interpreter lock for each.
+Prints the CPU topology, one JSON line per placement and round (ms per micro-step back to back, and per micro-step
+each thread's CPU ms and its voluntary / involuntary context switches), then medians."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from conv_paths import conv_forward, set_variant  # this folder is on sys.path when run as a script
+from eager_split import thread_cpu
+
+
+def siblings() -> list[list[int]]:
+    """Hardware threads grouped by core, from sysfs."""
+    groups: dict[str, list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                key = f.read().strip()
+        except OSError:
+            key = str(cpu)
+        groups.setdefault(key, []).append(cpu)
+    return list(groups.values())
+
+
+def tids(name: str) -> list[int]:
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    out.append(int(tid))
+        except OSError:
+            continue
+    return out
+
+
+def thread_switches() -> dict[str, list[int]]:
+    """Voluntary and involuntary context switches of every OS thread, summed by thread name."""
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        out[name][0] += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches"):
+                        out[name][1] += int(line.split()[1])
+        except OSError:
+            continue
+    return dict(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--variants", default="free,one,serial,keep,free+bn")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner
+    from libreyolo.config import TrainConfig
+    from libreyolo.nn import blocks
+
+    blocks.Conv.forward = conv_forward  # type: ignore[method-assign]
+    cfg = TrainConfig.from_overrides({**DEFAULTS, **dict(o.split("=", 1) for o in a.overrides)})
+    device, _ = bench_device(cfg)
+    data, nc = _batch_on_device(cfg, cfg.batch, device)
+    step, parts = make_runner(cfg, device, nc, "eager")
+    acc = parts.accumulate
+    step.overlap_backward = acc > 1
+    groups = siblings()
+    everything = set(os.sched_getaffinity(0))
+    smt = [g for g in groups if len(g) > 1]
+    print(json.dumps({"cores": len(groups), "cpus": len(everything), "sibling_groups": groups[:4]}), flush=True)
+    loop_tid = threading.get_native_id()
+    n = 0
+
+    def run(k: int) -> None:
+        nonlocal n
+        for _ in range(k):
+            n += 1
+            step(data["img"], data["targets"], data["mask"], n % acc == 0)
+
+    run(2 * acc)
+    step.sync()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    autograd = tids("pt_autograd_0")
+    if not autograd:
+        raise SystemExit("no pt_autograd_0 thread: is the backward overlapped?")
+    places: dict[str, tuple[set[int], set[int]] | None] = {
+        "free": None,
+        "cores": ({groups[1][0]}, {groups[2][0]}),
+        "one": ({groups[1][0]}, {groups[1][0]}),
+        "serial": None,
+        "keep": None,
+    }
+    backward = type(step)._backward
+
+    def keep_backward(self: Any, scaled_loss: torch.Tensor) -> None:
+        scaled_loss.backward(retain_graph=True)
+        if self.flat is not None:
+            self.flat.gather_grads()
+
+    if smt:
+        places["siblings"] = ({smt[1][0]}, {smt[1][1]})
+    variants = [v for v in a.variants.split(",") if v.split("+")[0] in places]
+    rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in range(a.rounds):
+        for v in variants:
+            place = places[v.split("+")[0]]
+            set_variant("bn" if v.endswith("+bn") else "base")
+            step.overlap_backward = acc > 1 and not v.startswith("serial")
+            type(step)._backward = keep_backward if v.startswith("keep") else backward
+            loop_cpus, grad_cpus = place if place is not None else (everything, everything)
+            os.sched_setaffinity(loop_tid, loop_cpus)
+            for t in autograd:
+                os.sched_setaffinity(t, grad_cpus)
+            run(acc)
+            step.sync()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            c0, s0 = thread_cpu(), thread_switches()
+            t0 = time.perf_counter()
+            run(a.steps)
+            step.sync()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1000 / a.steps
+            c1, s1 = thread_cpu(), thread_switches()
+            names = ("python3", "python", "pt_autograd_0")
+            cpu = {k: round((c1[k] - c0.get(k, 0.0)) * 1000 / a.steps, 1) for k in names if k in c1}
+            sw = {k: [round((s1[k][i] - s0.get(k, [0, 0])[i]) / a.steps, 1) for i in (0, 1)] for k in names if k in s1}
+            row: dict[str, Any] = {"variant": v, "round": r, "step_ms": round(ms, 2), "cpu_ms": cpu, "switches": sw}
+            rows[v]["step_ms"].append(ms)
+            print(json.dumps(row), flush=True)
+    os.sched_setaffinity(loop_tid, everything)
+    print(json.dumps({"medians": {v: round(statistics.median(d["step_ms"]), 2) for v, d in rows.items()}}))
+
+
+if __name__ == "__main__":
+    main()
