@@ -52,9 +52,7 @@ class Conv(nn.Module):
             return act(bn(conv(x)))
         # what nn.Conv2d, nn.BatchNorm2d (running statistics, no batch counter) and nn.SiLU compute, called as
         # the functions their forwards end in: three module calls and BatchNorm's Python checks less per layer
-        # (about 240 Conv layers run per YOLOv9-t step; the step is host-bound on a GPU). BatchNorm skips cuDNN,
-        # whose channels-last BatchNorm spends more host time per call (workspace queries, memsets, attribute
-        # calls) than PyTorch's kernels; the arithmetic is the same up to rounding
+        # (about 240 Conv layers run per YOLOv9-t step; the step is host-bound on a GPU)
         p, b = conv._parameters, bn._parameters
         y = F.conv2d(x, p["weight"], p["bias"], conv.stride, conv.padding, conv.dilation, conv.groups)
         if bn.training and y.shape[0] * y.shape[2] * y.shape[3] == 1:
@@ -68,7 +66,7 @@ class Conv(nn.Module):
             bn.training,
             bn.momentum,
             bn.eps,
-            False,  # PyTorch's own kernels: less host time per call than cuDNN's (docs/performance.md)
+            torch.backends.cudnn.enabled,
         )
         return F.silu(y) if type(act) is nn.SiLU else y
 
