@@ -1,5 +1,8 @@
 """The Conv blocks' host cost by how they compute: 1x1 convolutions through cuBLAS (a matrix product over the
 channels-last pixels) instead of cuDNN, BatchNorm on PyTorch's own kernels instead of cuDNN's, both, or neither.
+(`torch.native_batch_norm`: on CUDA, torch 2.11's `torch.batch_norm` with cudnn_enabled=False still ran cuDNN's
+BatchNorm in training, as py-spy's stacks showed, so benchmarks/eager_bn.py's "native" form, removed, measured
+cuDNN's twice.)
 
     python benchmarks/conv_paths.py [--rounds 4] [--steps 64] [--variants base,mm,bn,mm+bn] \
         -- model=LibreYOLO9t batch=8 imgsz=640
@@ -44,17 +47,11 @@ def conv_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         y = y.view(n, h, wd, w.shape[0]).permute(0, 3, 1, 2)
     else:
         y = F.conv2d(x, w, p["bias"], conv.stride, conv.padding, conv.dilation, conv.groups)
-    y = torch.batch_norm(
-        y,
-        b["weight"],
-        b["bias"],
-        bn._buffers["running_mean"],
-        bn._buffers["running_var"],
-        bn.training,
-        bn.momentum,
-        bn.eps,
-        torch.backends.cudnn.enabled and not VARIANT["bn"],
-    )
+    args = (y, b["weight"], b["bias"], bn._buffers["running_mean"], bn._buffers["running_var"], bn.training)
+    if VARIANT["bn"]:  # torch.batch_norm's cudnn_enabled=False does not keep a training BatchNorm off cuDNN
+        y = torch.native_batch_norm(*args, bn.momentum, bn.eps)[0]
+    else:
+        y = torch.batch_norm(*args, bn.momentum, bn.eps, torch.backends.cudnn.enabled)
     return F.silu(y) if type(act) is torch.nn.SiLU else y
 
 
@@ -82,6 +79,22 @@ def main() -> None:
     data, nc = _batch_on_device(cfg, cfg.batch, device)
     step, parts = make_runner(cfg, device, nc, "eager")
     acc = parts.accumulate
+
+    # which backward each BatchNorm form records on this device (cuDNN's or PyTorch's)
+    t = torch.randn(2, 8, 4, 4, device=device, requires_grad=True).contiguous(memory_format=torch.channels_last)
+    w, bb, rm, rv = (
+        torch.ones(8, device=device),
+        torch.zeros(8, device=device),
+        torch.zeros(8, device=device),
+        torch.ones(8, device=device),
+    )
+    with torch.autocast(device.type, enabled=device.type == "cuda"):
+        x16 = t.half() if device.type == "cuda" else t
+        forms = {
+            "batch_norm": torch.batch_norm(x16, w, bb, rm, rv, True, 0.03, 1e-3, False).grad_fn.name(),
+            "native_batch_norm": torch.native_batch_norm(x16, w, bb, rm, rv, True, 0.03, 1e-3)[0].grad_fn.name(),
+        }
+    print(json.dumps({"batchnorm_backward_recorded": forms}), flush=True)
 
     # the forward of each variant against base's: float32 without TF32, eval mode (running statistics)
     net = step.net
