@@ -14,7 +14,13 @@ benchmarks/conv_paths.py):
 - one: both on one CPU;
 - serial: no pinning, the backward in the loop (not beside the next forward);
 - keep: no pinning, overlapped, the backward keeps its graph (retain_graph): the saved activations, once Python
-  objects, are then freed by the loop's thread instead of autograd's, which needs the interpreter lock for each.
+  objects, are then freed in one go after it instead of one by one by autograd's thread, which takes the
+  interpreter lock for each;
+- streams: no pinning, overlapped, consecutive micro-steps inside an accumulation window on two side streams in
+  turn, so that a backward (on its forward's stream) and the next forward launch onto different streams (the
+  CUDA driver's internal locks are the largest lock wait of both threads). Ordered on the GPU: a micro-step's
+  stream waits for the main one (its inputs, the weights), each backward's for the previous backward's, the
+  window's last micro-step (on the main stream) for both.
 Prints the CPU topology, one JSON line per placement and round (ms per micro-step back to back, and per micro-step
 each thread's CPU ms and its voluntary / involuntary context switches), then medians."""
 
@@ -81,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=48)
-    ap.add_argument("--variants", default="free,one,serial,keep,free+bn")
+    ap.add_argument("--variants", default="free,one,serial,keep,streams")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner
@@ -121,8 +127,30 @@ def main() -> None:
         "one": ({groups[1][0]}, {groups[1][0]}),
         "serial": None,
         "keep": None,
+        "streams": None,
     }
     backward = type(step)._backward
+    E = type(step)
+    P = type(step._pending)
+    plain_call, plain_wait = E.__call__, P.wait
+    sides = [torch.cuda.Stream(device), torch.cuda.Stream(device)] if device.type == "cuda" else []
+    turn = [0]
+
+    def streams_wait(self: Any) -> None:
+        plain_wait(self)
+        cur = torch.cuda.current_stream(device)
+        for side in sides:  # the previous backward's work, all queued now that its thread has ended
+            if side != cur:
+                cur.wait_stream(side)
+
+    def streams_call(self: Any, img: Any, targets: Any, mask: Any, boundary: bool, *args: Any) -> Any:
+        if boundary:
+            return plain_call(self, img, targets, mask, boundary, *args)
+        turn[0] += 1
+        side = sides[turn[0] % 2]
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            return plain_call(self, img, targets, mask, boundary, *args)
 
     def keep_backward(self: Any, scaled_loss: torch.Tensor) -> None:
         scaled_loss.backward(retain_graph=True)
@@ -139,6 +167,8 @@ def main() -> None:
             set_variant("bn" if v.endswith("+bn") else "base")
             step.overlap_backward = acc > 1 and not v.startswith("serial")
             type(step)._backward = keep_backward if v.startswith("keep") else backward
+            E.__call__ = streams_call if v.startswith("streams") else plain_call  # type: ignore[method-assign]
+            P.wait = streams_wait if v.startswith("streams") else plain_wait  # type: ignore[method-assign]
             loop_cpus, grad_cpus = place if place is not None else (everything, everything)
             os.sched_setaffinity(loop_tid, loop_cpus)
             for t in autograd:
