@@ -11,8 +11,12 @@ device thread. Each sample of the named thread whose stack holds `--within` (the
 class its stack matches, from the innermost frame outwards:
 - interpreter lock: taking or handing over the GIL (`take_gil`, `PyEval_RestoreThread`, `PyGILState_Ensure`,
   pybind11's `gil_scoped_*`, or a wait right under a Python frame: the eval loop's switch);
-- other lock: a futex or mutex wait (`__lll_lock_wait`, `futex`, `pthread_mutex_lock`, `pthread_cond_wait`),
-  named by the nearest library frame above it;
+- other lock: a futex or mutex wait (`__lll_lock_wait`, `futex`, `pthread_mutex_lock`, `pthread_cond_wait`, or an
+  unnamed libc frame at the leaf), named by the nearest library frame above it;
+- joining a thread (`Thread.join`: the loop waiting for an overlapped backward);
+- waiting for autograd's queue: autograd's device thread idle between backwards, or a thread that called backward()
+  waiting for it (`--thread "thread (" --within Engine::thread_init` selects the device thread, which has no Python
+  name; py-spy samples it once it has taken the interpreter lock);
 - CUDA driver (`libcuda`), cuDNN (`libcudnn`), cuBLAS (`libcublas`);
 - torch's C++ (`libtorch`, `libc10`): dispatch, autograd recording, the caching allocator;
 - Python: the innermost frame is Python code.
@@ -26,7 +30,15 @@ import gzip
 import json
 import re
 
-GIL = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "PyGILState_Ensure", "drop_gil")
+GIL = (
+    "take_gil",
+    "PyEval_RestoreThread",
+    "PyEval_AcquireThread",
+    "PyGILState_Ensure",
+    "drop_gil",
+    "gil_scoped_acquire",
+)
+UNNAMED_LIBC = re.compile(r"^0x[0-9a-f]+ \(libc\.so")
 WAIT = ("__lll_lock_wait", "futex", "pthread_mutex_lock", "pthread_cond_wait", "pthread_cond_timedwait", "sem_wait")
 LIBS = (("libcuda", "CUDA driver"), ("libcudnn", "cuDNN"), ("libcublas", "cuBLAS"))
 PY_FRAME = re.compile(r"\((?:[^()]*\.py):\d+\)$")
@@ -35,10 +47,15 @@ PY_FRAME = re.compile(r"\((?:[^()]*\.py):\d+\)$")
 def classify(frames: list[str]) -> tuple[str, str | None]:
     """frames outermost first -> (class, detail)."""
     inner = frames[::-1]
+    if any("Thread.join" in f for f in inner):
+        return "joining a thread", None
+    if any("ReadyQueue::pop" in f for f in inner):
+        return "waiting for autograd's queue", None
     for i, f in enumerate(inner):
         if any(g in f for g in GIL):
             return "interpreter lock", None
-        if any(w in f for w in WAIT):
+        # an unnamed libc frame at the leaf: the futex and condition-variable waits (py-spy resolves no names there)
+        if any(w in f for w in WAIT) or (i == 0 and UNNAMED_LIBC.match(f)):
             # the waiter: the first frame above the wait outside libc (the interpreter's own GIL code is often
             # unnamed inside the python binary, so a wait right under a Python frame is the eval loop's hand-off)
             owner = next((g for g in inner[i + 1 :] if "libc.so" not in g), "?")
