@@ -1,6 +1,9 @@
 """Checkpoints are written on a background thread: what lands is what training had when it asked, events
 come once the file is in place, and a failed write still fails the run."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -185,3 +188,27 @@ def test_an_enabled_scaler_is_saved_without_reading_it_and_restores_to_its_own_s
     restore_train_state(load_checkpoint(tmp_path / "last.pt"), torch.nn.Module(), opt, fresh, None)
     assert fresh.state_dict() == scaler.state_dict()
     assert fresh.get_scale() == 512.0 and fresh.state_dict()["_growth_tracker"] == 2
+
+
+def test_unfinished_checkpoint_files_of_a_dead_writer_are_removed_and_a_live_writers_kept(tmp_path):
+    """save_atomic writes .NAME.PID.tmp and renames it; a kill -9 mid-write leaves it behind. A new run in that
+    folder removes those whose writer is gone, and nothing else."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "last.pt").write_bytes(b"checkpoint")
+        names = {
+            f".best.pt.{gone.pid}.tmp": False,  # its writer is gone: removed
+            f".last.pt.{alive.pid}.tmp": True,  # another process is writing it now
+            f".last.pt.{os.getpid()}.tmp": True,  # this process's own
+            ".notes.tmp": True,  # not save_atomic's
+        }
+        for name in names:
+            (tmp_path / name).write_bytes(b"half")
+        removed = checkpoint.remove_stale_temporaries(tmp_path)
+        assert removed == [f".best.pt.{gone.pid}.tmp"]
+        assert {n for n, kept in names.items() if kept} | {"last.pt"} == {p.name for p in tmp_path.iterdir()}
+    finally:
+        alive.kill()
+        alive.wait()

@@ -156,8 +156,8 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
             seen = list(read_events(events)) if events.exists() else []
             # mid-epoch 2, once epoch 1's last.pt has landed (its writer thread may still be busy after the
             # epoch's first steps on a loaded machine; the checkpoint event is emitted when the file is in place)
-            # and no write is in flight: a kill during one (best.pt follows last.pt) leaves its temporary file,
-            # which the atomic write keeps apart from the checkpoint but cannot remove
+            # and no write is in flight: a kill during one (best.pt follows last.pt) leaves its temporary file
+            # beside the checkpoints (the next run in the folder removes it: planted and checked below)
             idle = 0 if list(weights.glob(".*.tmp")) else idle + 1
             if (
                 any(e["type"] == "checkpoint" and e["kind"] == "last" and e["epoch"] >= 1 for e in seen)
@@ -176,6 +176,9 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
     assert ck["epoch"] >= 1 and "train" in ck
     assert not list(last.parent.glob(".*.tmp"))  # no temp file left behind as a "checkpoint"
     assert LibreYOLO(last).trained
+    # what a kill during a write leaves (the writer's pid in its name): the resumed run removes it, and says so
+    stale = last.parent / f".best.pt.{p.pid}.tmp"
+    stale.write_bytes(b"half a checkpoint")
     r = subprocess.run(
         [sys.executable, "-m", "libreyolo.cli.main", "train", f"resume={last}"],
         capture_output=True,
@@ -186,6 +189,8 @@ def test_kill_9_mid_epoch_leaves_a_loadable_resumable_last_pt(tiny_data, tmp_pat
     run_ends = [e for e in read_events(events) if e["type"] == "run_end"]
     assert [e["status"] for e in run_ends] == ["finished"]  # the killed process never wrote one
     assert load_checkpoint(last)["epoch"] == 6
+    assert not stale.exists()
+    assert any(e["type"] == "warning" and stale.name in e["message"] for e in read_events(events))
 
 
 def test_sigint_stops_a_run_started_with_sigint_ignored(tiny_data, tmp_path):

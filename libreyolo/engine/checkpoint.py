@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +37,38 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str]) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp$")  # save_atomic's name for a file being written: .NAME.PID.tmp
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[str]:
+    """Remove the temporary files save_atomic left in folder when the process writing them was killed mid-write
+    (kill -9, a lost machine): never a checkpoint, only its unfinished copy. A file whose writer (the pid in its
+    name) is still running is left alone. -> the names removed."""
+    removed = []
+    for path in sorted(Path(folder).glob(".*.tmp")):
+        m = _TEMPORARY.match(path.name)
+        if m is None or _running(int(m.group(1))):
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:  # removed by another process meanwhile
+            continue
+        removed.append(path.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _write(record: dict[str, Any] | Snapshot | Amended, path: Path) -> Path:

@@ -34,7 +34,7 @@ from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim, passes
 from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.bytecode import uncached_bytecode_note
-from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
+from libreyolo.engine.checkpoint import load_checkpoint, remove_stale_temporaries, resolve_resume_path
 from libreyolo.engine.components import build_step_parts, overlap_wanted
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.epochval import start_val_workers, validation_due
@@ -334,8 +334,9 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     else:  # rank 0 picks exp, exp2, ...; every rank uses its choice
         run_dir = dist.broadcast(increment_run_dir(cfg.project, cfg.name, cfg.exist_ok) if dist.is_main else None)
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "weights").mkdir(exist_ok=True)
+        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        if stale := remove_stale_temporaries(run_dir / "weights"):
+            notes.append(f"removed {len(stale)} unfinished checkpoint file(s) of a killed run: {', '.join(stale)}")
         write_args(run_dir, cfg.to_dict())
 
     s = TrainSetup(
