@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from eager_split import EagerBench  # this folder is on sys.path when run as a script
 
 VARIANT = {"mm": False, "bn": False}
 
@@ -68,17 +69,13 @@ def main() -> None:
     ap.add_argument("--no-full", action="store_true")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner, timed_steps
-    from libreyolo.config import TrainConfig
+    from libreyolo.bench.step import make_runner, timed_steps
     from libreyolo.nn import blocks
 
     blocks.Conv.forward = conv_forward  # type: ignore[method-assign]
     variants = a.variants.split(",")
-    cfg = TrainConfig.from_overrides({**DEFAULTS, **dict(o.split("=", 1) for o in a.overrides)})
-    device, _ = bench_device(cfg)
-    data, nc = _batch_on_device(cfg, cfg.batch, device)
-    step, parts = make_runner(cfg, device, nc, "eager")
-    acc = parts.accumulate
+    b = EagerBench.build(a.overrides)
+    cfg, device, data, nc, step, acc = b.cfg, b.device, b.data, b.nc, b.step, b.parts.accumulate
 
     # which backward each BatchNorm form records on this device (cuDNN's or PyTorch's)
     t = torch.randn(2, 8, 4, 4, device=device, requires_grad=True).contiguous(memory_format=torch.channels_last)
@@ -116,25 +113,13 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = tf32
     print(json.dumps({"max_abs_diff_fp32_eval": diffs, "ref_abs_max": max(float(r.abs().max()) for r in ref)}))
 
-    n = 0
-
-    def run(k: int) -> None:
-        nonlocal n
-        for _ in range(k):
-            n += 1
-            step(data["img"], data["targets"], data["mask"], n % acc == 0)
-
     def window(overlap: bool) -> float:
         step.overlap_backward = overlap and acc > 1
-        run(acc)  # variant switch: warm the window's shapes
-        step.sync()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        b.run(acc)  # variant switch: warm the window's shapes
+        b.sync()
         t = time.perf_counter()
-        run(a.steps)
-        step.sync()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        b.run(a.steps)
+        b.sync()
         return (time.perf_counter() - t) * 1000 / a.steps
 
     for v in variants:  # each variant's first calls (cuDNN plans, kernels) before any timing

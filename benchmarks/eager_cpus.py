@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 from conv_paths import conv_forward, set_variant  # this folder is on sys.path when run as a script
-from eager_split import thread_cpu
+from eager_split import EagerBench, thread_cpu
 
 
 def siblings() -> list[list[int]]:
@@ -90,34 +90,19 @@ def main() -> None:
     ap.add_argument("--variants", default="free,one,serial,keep,streams")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner
-    from libreyolo.config import TrainConfig
     from libreyolo.nn import blocks
 
     blocks.Conv.forward = conv_forward  # type: ignore[method-assign]
-    cfg = TrainConfig.from_overrides({**DEFAULTS, **dict(o.split("=", 1) for o in a.overrides)})
-    device, _ = bench_device(cfg)
-    data, nc = _batch_on_device(cfg, cfg.batch, device)
-    step, parts = make_runner(cfg, device, nc, "eager")
-    acc = parts.accumulate
+    b = EagerBench.build(a.overrides)
+    device, step, acc = b.device, b.step, b.parts.accumulate
     step.overlap_backward = acc > 1
     groups = siblings()
     everything = set(os.sched_getaffinity(0))
     smt = [g for g in groups if len(g) > 1]
     print(json.dumps({"cores": len(groups), "cpus": len(everything), "sibling_groups": groups[:4]}), flush=True)
     loop_tid = threading.get_native_id()
-    n = 0
-
-    def run(k: int) -> None:
-        nonlocal n
-        for _ in range(k):
-            n += 1
-            step(data["img"], data["targets"], data["mask"], n % acc == 0)
-
-    run(2 * acc)
-    step.sync()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    b.run(2 * acc)
+    b.sync()
     autograd = tids("pt_autograd_0")
     if not autograd:
         raise SystemExit("no pt_autograd_0 thread: is the backward overlapped?")
@@ -173,16 +158,12 @@ def main() -> None:
             os.sched_setaffinity(loop_tid, loop_cpus)
             for t in autograd:
                 os.sched_setaffinity(t, grad_cpus)
-            run(acc)
-            step.sync()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            b.run(acc)
+            b.sync()
             c0, s0 = thread_cpu(), thread_switches()
             t0 = time.perf_counter()
-            run(a.steps)
-            step.sync()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            b.run(a.steps)
+            b.sync()
             ms = (time.perf_counter() - t0) * 1000 / a.steps
             c1, s1 = thread_cpu(), thread_switches()
             names = ("python3", "python", "pt_autograd_0")

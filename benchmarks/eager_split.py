@@ -22,9 +22,47 @@ import os
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+
+@dataclass
+class EagerBench:
+    """`bench step`'s eager runner on its replayed batch (the other eager benchmarks here build on it)."""
+
+    cfg: Any
+    device: torch.device
+    data: dict[str, torch.Tensor]
+    nc: int
+    step: Any
+    parts: Any
+    done: int = 0  # micro-steps run so far
+
+    @classmethod
+    def build(cls, overrides: list[str], **defaults: str) -> EagerBench:
+        from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner
+        from libreyolo.config import TrainConfig
+
+        cfg = TrainConfig.from_overrides({**DEFAULTS, **defaults, **dict(o.split("=", 1) for o in overrides)})
+        device, _ = bench_device(cfg)
+        data, nc = _batch_on_device(cfg, cfg.batch, device)
+        step, parts = make_runner(cfg, device, nc, "eager")
+        return cls(cfg, device, data, nc, step, parts)
+
+    def run(self, k: int) -> None:
+        """k micro-steps, an optimizer step at each accumulation boundary."""
+        acc = self.parts.accumulate
+        for _ in range(k):
+            self.done += 1
+            self.step(self.data["img"], self.data["targets"], self.data["mask"], self.done % acc == 0)
+
+    def sync(self) -> None:
+        """Until the last micro-step's work (an overlapped backward included) is done."""
+        self.step.sync()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
 
 
 def thread_cpu() -> dict[str, float]:
@@ -50,8 +88,6 @@ def main() -> None:
     ap.add_argument("--no-overlap", action="store_true")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner
-    from libreyolo.config import TrainConfig
     from libreyolo.engine import overlap as overlap_module
     from libreyolo.engine import step as step_module
 
@@ -79,10 +115,8 @@ def main() -> None:
     P.wait = timed("wait", P.wait)  # type: ignore[method-assign]
     E.__call__ = timed("step", E.__call__)  # type: ignore[method-assign]
 
-    cfg = TrainConfig.from_overrides({**DEFAULTS, **dict(o.split("=", 1) for o in a.overrides)})
-    device, _ = bench_device(cfg)
-    data, nc = _batch_on_device(cfg, cfg.batch, device)
-    step, parts = make_runner(cfg, device, nc, "eager")
+    b = EagerBench.build(a.overrides)
+    cfg, device, step, parts = b.cfg, b.device, b.step, b.parts
     assert isinstance(step, E), "eager_split times the eager runner"
     step.overlap_backward = not a.no_overlap and parts.accumulate > 1
     step.loss_fn = timed("loss", step.loss_fn)
@@ -90,26 +124,15 @@ def main() -> None:
     if step.ema is not None:
         step.ema.update = timed("ema", step.ema.update)  # type: ignore[method-assign]
     cuda = device.type == "cuda"
-    acc, n = parts.accumulate, 0
-
-    def run(k: int) -> None:
-        nonlocal n
-        for _ in range(k):
-            n += 1
-            step(data["img"], data["targets"], data["mask"], n % acc == 0)
-
-    run(a.warmup)
-    step.sync()
-    if cuda:
-        torch.cuda.synchronize()
+    acc = parts.accumulate
+    b.run(a.warmup)
+    b.sync()
     cpu0 = thread_cpu()
     on["timing"] = True
     t0 = time.perf_counter()
-    run(a.steps)
+    b.run(a.steps)
     on["timing"] = False  # the last backward's wait below is the window's (wall), not a step's phase
-    step.sync()
-    if cuda:
-        torch.cuda.synchronize()
+    b.sync()
     wall = time.perf_counter() - t0
     cpu1 = thread_cpu()
     per = 1000 / a.steps

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from eager_split import EagerBench  # this folder is on sys.path when run as a script
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -33,14 +35,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=4)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    from libreyolo.bench.step import DEFAULTS, _batch_on_device, bench_device, make_runner
-    from libreyolo.config import TrainConfig
-
-    keys = {**DEFAULTS, "model": "LibreYOLO9t", "batch": "1", "imgsz": "64", "device": "cpu"}
-    cfg = TrainConfig.from_overrides({**keys, **dict(o.split("=", 1) for o in a.overrides)})
-    device, _ = bench_device(cfg)
-    data, nc = _batch_on_device(cfg, cfg.batch, device)
-    step, _parts = make_runner(cfg, device, nc, "eager")
+    b = EagerBench.build(a.overrides, model="LibreYOLO9t", batch="1", imgsz="64", device="cpu")
+    step, data = b.step, b.data
     pins = [p[...] for p in step.flat.proxies.values()] if a.pin and step.flat is not None else []
     imgsz = (data["img"].shape[1], data["img"].shape[2])
     stop = threading.Event()
