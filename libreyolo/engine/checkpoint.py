@@ -26,7 +26,7 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     sees a half-written checkpoint."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(_temporary_name(path.name, os.getpid()))
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -39,7 +39,12 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     return path
 
 
-_TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp$")  # save_atomic's name for a file being written: .NAME.PID.tmp
+def _temporary_name(name: str, pid: int) -> str:
+    """save_atomic's name for the file it writes before renaming it to `name`; _TEMPORARY reads the pid back."""
+    return f".{name}.{pid}.tmp"
+
+
+_TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp$")
 
 
 def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[str]:
@@ -60,14 +65,12 @@ def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[str]:
 
 
 def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only whether the process exists (this one's included)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 
