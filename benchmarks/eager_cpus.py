@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 from conv_paths import conv_forward, set_variant  # this folder is on sys.path when run as a script
-from eager_split import EagerBench, thread_cpu
+from eager_split import EagerBench, thread_cpu, thread_files
 
 
 def siblings() -> list[list[int]]:
@@ -54,32 +54,18 @@ def siblings() -> list[list[int]]:
 
 
 def tids(name: str) -> list[int]:
-    out = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() == name:
-                    out.append(int(tid))
-        except OSError:
-            continue
-    return out
+    return [tid for tid, comm, _ in thread_files("comm") if comm == name]
 
 
 def thread_switches() -> dict[str, list[int]]:
     """Voluntary and involuntary context switches of every OS thread, summed by thread name."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches"):
-                        out[name][0] += int(line.split()[1])
-                    elif line.startswith("nonvoluntary_ctxt_switches"):
-                        out[name][1] += int(line.split()[1])
-        except OSError:
-            continue
+    for _, name, status in thread_files("status"):
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches"):
+                out[name][0] += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches"):
+                out[name][1] += int(line.split()[1])
     return dict(out)
 
 

@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,18 +66,25 @@ class EagerBench:
             torch.cuda.synchronize()
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds of every OS thread of this process, summed by thread name."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = defaultdict(float)
+def thread_files(file: str) -> Iterator[tuple[int, str, str]]:
+    """(tid, thread name, text of /proc/self/task/TID/<file>) for every OS thread of this process still running."""
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/{file}") as f:
+                text = f.read()
         except OSError:  # the thread ended
             continue
+        yield int(tid), name, text
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of every OS thread of this process, summed by thread name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = defaultdict(float)
+    for _, name, stat in thread_files("stat"):
+        fields = stat.rsplit(")", 1)[1].split()
         out[name] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
     return dict(out)
 
