@@ -35,10 +35,16 @@ lock every 2 ms). Variants, each patched at run time over the library's own code
 - stream: no cache: hooks on the warm-up copy's convolutions and BatchNorms hand each new shape, as the warm-up's
   forward reaches it, to a helper thread that runs that layer's forward and backward once on constant tensors of the
   same shape, dtype and memory format (no random numbers drawn), so the backward's kernels load while the forward
-  runs; the warm-up's backward starts once the helper has drained its queue.
-Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
+  runs; the warm-up's backward starts once the helper has drained its queue;
+- valnopin: the validation loader without page-locking (no torch pin-memory thread page-locking its queued batches
+  while the train net moves to the GPU and the warm-up runs; validation would then copy from pageable memory);
+- prepin: a thread begun right after `import torch` allocates and frees the page-locked blocks the setup's pinning
+  will ask torch's host allocator for (the training stager's slots, seven validation batches), so that they are
+  cached before the net moves to the GPU.
+Each run also prints when the warm-up started (`warmup_start_s`: the setup's work before it, the net's move
+included). Every variant prints the search's passes (exponent, finite, seconds) and the first guess.
 What each did to the start on the H200: docs/performance.md, fourteenth session (none adopted) and the sections of
-2026-12-04 (earlyfork adopted)."""
+2026-12-04 (earlyfork adopted; valnopin and prepin: fourth session, not adopted)."""
 
 from __future__ import annotations
 
@@ -64,6 +70,8 @@ VARIANTS = (
     "nofork",
     "earlyfork",
     "evalearly",
+    "valnopin",
+    "prepin",
 )
 PASSES: list[list[Any]] = []  # the scale search's passes in this process: [exponent, finite, seconds]; the guess
 
@@ -73,6 +81,9 @@ def main(variants: list[str], args: list[str]) -> None:
 
     cudastart.start(["train", *args])
     import torch
+
+    if "prepin" in variants:
+        prepin(torch, args)
 
     import libreyolo.cli.main as cli_main
     from libreyolo.engine import lossscale, trainer, warmup
@@ -99,6 +110,13 @@ def main(variants: list[str], args: list[str]) -> None:
     for v in variants:
         apply(v, torch, lossscale, warmup)
     record_passes(lossscale)  # around whichever search a variant put in place
+    start = warmup.KernelWarmup.start
+
+    def start_marked(self: Any, *a: Any, **k: Any) -> Any:
+        out["warmup_start_s"] = round(time.time() - T0, 3)
+        return start(self, *a, **k)
+
+    warmup.KernelWarmup.start = start_marked
     timed(warmup.KernelWarmup, "_forward", "warmup_forward_s")
     forward = warmup.KernelWarmup._forward
 
@@ -203,8 +221,37 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
             self.join()
 
         KW.start = start_then_join
-    elif variant != "base":
+    elif variant == "valnopin":
+        from libreyolo.engine import setup
+
+        make_val_loader = setup.val_loader
+
+        def val_loader_unpinned(dataset: Any, batch: int, workers: int, pin: bool, *a: Any, **k: Any) -> Any:
+            return make_val_loader(dataset, batch, workers, False, *a, **k)
+
+        setup.val_loader = val_loader_unpinned
+    elif variant not in ("base", "prepin"):
         raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+
+
+def prepin(torch: Any, args: list[str]) -> None:
+    """In a thread begun right after `import torch`: page-locked blocks of torch's host allocator for the staged
+    training batches (SLOTS of batch x imgsz^2 x 3 bytes) and the validation loader's queued batches (its workers x 2
+    of min(2 batch, 64) images), allocated and freed, so that the setup's pinning reuses them instead of calling
+    cudaHostAlloc while the net moves to the GPU and the warm-up runs."""
+    keys = dict(a.split("=", 1) for a in args if "=" in a)
+    batch, imgsz = int(keys.get("batch", 16)), int(keys.get("imgsz", 640))
+
+    def run() -> None:
+        from libreyolo.data import staging
+
+        blocks = [batch * imgsz * imgsz * 3] * staging.SLOTS + [min(2 * batch, 64) * imgsz * imgsz * 3] * 7
+        t = time.perf_counter()
+        held = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in blocks]
+        del held
+        print(f"prepin: {len(blocks)} blocks in {time.perf_counter() - t:.3f} s", file=sys.stderr)
+
+    threading.Thread(target=run, name="prepin", daemon=True).start()
 
 
 def record_passes(lossscale: Any) -> None:
