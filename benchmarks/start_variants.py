@@ -236,9 +236,9 @@ def apply(variant: str, torch: Any, lossscale: Any, warmup: Any) -> None:
 
 def prepin(torch: Any, args: list[str]) -> None:
     """In a thread begun right after `import torch`: page-locked blocks of torch's host allocator for the staged
-    training batches (SLOTS of batch x imgsz^2 x 3 bytes) and the validation loader's queued batches (its workers x 2
-    of min(2 batch, 64) images), allocated and freed, so that the setup's pinning reuses them instead of calling
-    cudaHostAlloc while the net moves to the GPU and the warm-up runs."""
+    training batches (SLOTS of batch x imgsz^2 x 3 bytes) and seven validation batches of min(2 batch, 64) images
+    (the race's 200 validation images), allocated and freed, so that the setup's pinning reuses them instead of
+    calling cudaHostAlloc while the net moves to the GPU and the warm-up runs."""
     keys = dict(a.split("=", 1) for a in args if "=" in a)
     batch, imgsz = int(keys.get("batch", 16)), int(keys.get("imgsz", 640))
 
