@@ -15,3 +15,8 @@ class DataError(LibreYOLOError, ValueError):
 
 class CheckpointError(LibreYOLOError, ValueError):
     """A checkpoint that is missing, corrupt or not in libreyolo's safe format."""
+
+
+class DeviceMemoryError(LibreYOLOError, RuntimeError):
+    """The device ran out of memory; the message names the run's batch and image size, what the allocation needed,
+    what was free, who holds the rest and what to change (libreyolo/oom.py). torch's error is its __cause__."""
