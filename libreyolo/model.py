@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from libreyolo import oom
 from libreyolo.config import TrainConfig, resolve_multi_label
 from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic
 from libreyolo.engine.snapshot import snapshot
@@ -113,10 +114,13 @@ class LibreYOLO:
         from libreyolo.distributed.launch import spawn_ddp_train, spawn_plan
 
         plan = spawn_plan(cfg, user_keys)
-        if plan is not None:
-            return spawn_ddp_train(self, kwargs, *plan)
+        if plan is not None:  # a worker's model.train explains its own out-of-memory error; the launcher re-raises
+            # it as a DeviceMemoryError naming the rank, which passes through here
+            with oom.explained(lambda: oom.train_spec(self, cfg, kwargs.get("batch"))):
+                return spawn_ddp_train(self, kwargs, *plan)
         trainer = Trainer(self, cfg, user_keys)
-        metrics = trainer.train()
+        with oom.explained(lambda: oom.train_spec(self, trainer.cfg, kwargs.get("batch"))):
+            metrics = trainer.train()
         self.adopt_run(trainer.s.run_dir, metrics)
         return metrics
 
@@ -132,7 +136,8 @@ class LibreYOLO:
     def val(self, data: str | None = None, **kwargs: Any) -> dict[str, Any]:
         from libreyolo.eval.run import run_val
 
-        return run_val(self, data, **kwargs)
+        with oom.explained(lambda: oom.val_spec(self, kwargs)):
+            return run_val(self, data, **kwargs)
 
     def predict(
         self,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from libreyolo import oom
 from libreyolo.cli.args import flag, parse_kv
 from libreyolo.config import TrainConfig
 from libreyolo.errors import ConfigError
@@ -70,11 +71,18 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> tupl
 
 
 def make_runner(
-    cfg: TrainConfig, device: torch.device, nc: int, mode: str, emit: Any = None, ddp: Any = None
+    cfg: TrainConfig,
+    device: torch.device,
+    nc: int,
+    mode: str,
+    emit: Any = None,
+    ddp: Any = None,
+    capacity: int | None = None,
 ) -> tuple[Any, Any]:
     """A fresh network (seeded) and the step runner for `mode` (eager | graph | full | compile | compile-net)
     -> (runner, StepParts). ddp: a DistContext over NCCL; the step then averages its flat gradients with one
-    all-reduce as a DDP run with CUDA graphs does (captured inside the graph in the full mode).
+    all-reduce as a DDP run with CUDA graphs does (captured inside the graph in the full mode). capacity: the full
+    step's target slots per image, as a training run's setup gives it from the labels (None: raised as batches need).
 
     compile is an experiment for the benchmark, not a training option: the eager step with its forward (network
     under autocast) and its loss wrapped in torch.compile (default mode, static shapes); the optimizer and the EMA
@@ -99,7 +107,8 @@ def make_runner(
             eager.loss_fn = torch.compile(eager.loss_fn, dynamic=False)
         return eager, parts
     world, backend, nccl = (ddp.world_size, ddp.backend, ddp.nccl_version()) if ddp is not None else (1, None, None)
-    runner = select_step(eager, parts, cfg, family, device, world, emit or (lambda e: None), backend, nccl)[0]
+    emit = emit or (lambda e: None)
+    runner = select_step(eager, parts, cfg, family, device, world, emit, backend, nccl, capacity)[0]
     return runner, parts
 
 
@@ -262,16 +271,22 @@ def run(argv: list[str]) -> int:
     steps, warmup = max(kw.pop("steps", 24), 24), kw.pop("warmup", 16)
     as_json, kernels, ddp = kw.pop("json", False), kw.pop("kernels", True), kw.pop("ddp", False)
     cfg = TrainConfig.from_overrides({**DEFAULTS, **kw})
-    device, cudnn_benchmark = bench_device(cfg)
-    data, nc = _batch_on_device(cfg, cfg.batch, device)
-    ctx = _single_rank_group(cfg.device) if ddp else None  # before any work: a CPU run cannot have it
-    results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
-    if ctx is not None:
-        results += [
-            bench_mode(m, cfg, device, data, nc, steps, warmup, kernels, ctx) for m in modes if m in ("graph", "full")
-        ]
-        ctx.finish()
-        ctx.close()
+    spec = oom.RunSpec(
+        "benchmarking the training step of", cfg.model, cfg.batch, cfg.imgsz, cfg.device, flags=oom.NO_AUTOBATCH
+    )
+    with oom.explained(lambda: spec):
+        device, cudnn_benchmark = bench_device(cfg)
+        data, nc = _batch_on_device(cfg, cfg.batch, device)
+        ctx = _single_rank_group(cfg.device) if ddp else None  # before any work: a CPU run cannot have it
+        results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
+        if ctx is not None:
+            results += [
+                bench_mode(m, cfg, device, data, nc, steps, warmup, kernels, ctx)
+                for m in modes
+                if m in ("graph", "full")
+            ]
+            ctx.finish()
+            ctx.close()
     base = next((r["median_ms"] for r in results if r["mode"] == "eager"), None)
     plain = {r["mode"]: r["median_ms"] for r in results}
     for r in results:

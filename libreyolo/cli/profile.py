@@ -115,7 +115,12 @@ def cmd_run(argv: list[str]) -> int:
         "profile_warmup": a.warmup,
     }
     overrides.update({k: v for k, v in flags.items() if v is not None})
-    with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
+    from libreyolo import oom
+
+    with (
+        contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext(),
+        oom.explained(lambda: oom.config_spec("profiling", overrides, oom.PROFILE)),
+    ):
         result = run_profile(overrides, a.project, a.name, a.repeat, a.try_lever, a.fresh)
     if a.json:
         _print_json(result)
