@@ -1,6 +1,7 @@
 """CPU tests of the AMP policy and the CUDA-graph manager's decisions (the GPU side: test_graphs_gpu.py)."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -143,11 +144,15 @@ def test_cpu_training_with_cuda_graph_trains_eager_with_one_line(tiny_data, tmp_
 class _FakeRunner(GraphRunner):
     """Drives the shape bookkeeping on the CPU: 'capture' returns a token, 'replay' records it."""
 
-    def __init__(self, fail_capture: bool = False):
+    def __init__(self, fail_capture: bool = False, lower=None, fail_replay: bool = False):
         self.log = []
-        self.fail = fail_capture
-        super().__init__(eager=None, emit=self.log.append, device=CPU)
+        self.fail, self.fail_replay = fail_capture, fail_replay
+        super().__init__(eager=SimpleNamespace(skipped=None), emit=self.log.append, device=CPU, lower=lower)
         self.ran = []
+        self.handed_over = 0
+
+    def hand_over(self):
+        self.handed_over += 1
 
     def run_eager(self, img, targets, mask, boundary, phases):
         self.ran.append(("eager", tuple(img.shape)))
@@ -159,6 +164,8 @@ class _FakeRunner(GraphRunner):
         return key
 
     def replay(self, graph, img, targets, mask, boundary, phases):
+        if self.fail_replay:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         self.ran.append(("graph", graph))
         return torch.zeros(3)
 
@@ -189,6 +196,39 @@ def test_capture_failure_switches_to_eager_for_the_rest_with_one_event():
     falls = [e for e in r.log if e.action == "fallback"]
     assert len(falls) == 1 and "capture failed (RuntimeError" in falls[0].reason and r.disabled
     ev.validate_event(falls[0].to_dict())
+
+
+class _Lower(_FakeRunner):
+    mode = "network"
+
+
+@pytest.mark.parametrize("failing", ["capture", "replay"])
+def test_a_failed_whole_step_steps_down_to_the_network_graph_with_one_event(failing):
+    lowers = []
+
+    def make_lower():
+        lowers.append(_Lower())
+        return lowers[-1]
+
+    r = _FakeRunner(fail_capture=failing == "capture", fail_replay=failing == "replay", lower=make_lower)
+    r.mode = "full"
+    for _ in range(8):
+        _step(r, (8, 64, 64, 3))
+    assert len(lowers) == 1 and r.lower is lowers[0] and r.handed_over == 1 and not r.graphs
+    downs = [e for e in r.log if e.action in ("step_down", "fallback")]
+    assert len(downs) == 1 and downs[0].action == "step_down" and downs[0].mode == "network"
+    assert downs[0].reason.startswith(f"{failing} failed (RuntimeError") and "cuda_graph=true" in downs[0].reason
+    ev.validate_event(downs[0].to_dict())
+    # the failing step itself and every later one ran on the level below, which counts shapes and captures anew
+    assert len(r.ran) == 2 and len(lowers[0].ran) == 6
+    assert [k for k, _ in lowers[0].ran][-2:] == ["graph", "graph"] and r.captures == lowers[0].captures + (
+        failing == "replay"
+    )
+    # the trainer's passthroughs reach the level below
+    r.skipped = "epoch's count read"
+    assert lowers[0].eager.skipped == "epoch's count read" and r.eager.skipped is None
+    r.invalidate("L1 on")
+    assert [e.action for e in lowers[0].log][-1] == "invalidate" and r.lower is lowers[0]
 
 
 def test_invalidate_drops_graphs_and_recaptures_once_stable():
@@ -235,6 +275,47 @@ def test_capturable_update_matches_torch_optim(name):
     if name == "AdamW":
         assert all(float(st["step"]) == 6.0 for st in state["state"].values())
         assert float(o2.state[next(net2.parameters())].get("step", 0.0)) == 0.0  # the optimizer's own state: untouched
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_a_step_down_hands_the_update_back_to_torch_optim_and_the_ema(name):
+    """Three updates through the whole step's CapturableUpdate, a step-down (hand_back), three through torch's
+    optimizer as the network graph's eager update runs them: the same weights, EMA and AdamW steps as six torch
+    updates."""
+    from libreyolo.engine.ema import ModelEMA
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 1))
+    net2 = copy.deepcopy(net)
+    o1 = optim.build_optimizer(net, name, 0.01, 0.9, 5e-4, CPU)
+    o2 = optim.build_optimizer(net2, name, 0.01, 0.9, 5e-4, CPU)
+    e1, e2 = ModelEMA(net, 0.9, 2.0), ModelEMA(net2, 0.9, 2.0)
+    flat = FlatParams(net2, None)
+    upd = CapturableUpdate(o2, name, torch.amp.GradScaler("cuda", enabled=False), e2, 0.0, flat, CPU)
+    eager = SimpleNamespace(skipped=None)
+    for it in range(6):
+        x = torch.randn(2, 3, 8, 8)
+        net(x).pow(2).mean().backward()
+        o1.step()
+        o1.zero_grad()
+        e1.update()
+        flat.forward(x).pow(2).mean().backward()
+        flat.gather_grads()
+        if it < 3:
+            upd.load_hyper()
+            upd.step()
+            continue
+        if it == 3:
+            upd.hand_back(eager)
+        o2.step()
+        flat.zero_grad()
+        flat.refresh()
+        e2.update()
+    for a, b in zip([*net.parameters(), *e1.ema.parameters()], [*net2.parameters(), *e2.ema.parameters()]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert e2.updates == 6 and eager.skipped is not None and int(eager.skipped) == 0
+    if name == "AdamW":
+        assert all(float(o2.state[p]["step"]) == 6.0 for p in net2.parameters())
 
 
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
@@ -343,6 +424,27 @@ def test_non_finite_gradients_skip_the_step_on_the_device(name):
     assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
     if name == "AdamW":
         assert all(float(st["step"]) == 1.0 for st in upd.train_counters().optimizer["state"].values())
+
+
+@pytest.mark.parametrize(
+    "epochs,no_aug,mosaic,start,expected",
+    [
+        (30, 15, 1.0, 0, 32),  # mosaic in epochs 0-14: four images' boxes, 7 + 5 + 3 + 2 = 17 -> 32
+        (15, 15, 1.0, 0, 8),  # the default 15 no-mosaic epochs cover the whole run: one image's, 7 -> 8
+        (30, 15, 1.0, 20, 8),  # resumed after mosaic closed
+        (30, 15, 0.0, 0, 8),  # mosaic off
+    ],
+)
+def test_the_whole_step_capacity_is_known_from_the_labels_before_the_first_capture(
+    epochs, no_aug, mosaic, start, expected
+):
+    import numpy as np
+
+    from libreyolo.engine.passes import target_capacity
+
+    labels = [np.zeros((n, 5), np.float32) for n in (1, 5, 3, 0, 7, 2)]
+    cfg = TrainConfig.from_overrides({"epochs": epochs, "no_aug_epochs": no_aug, "mosaic": mosaic})
+    assert target_capacity(cfg, labels, start) == expected
 
 
 def test_ddp_capacity_bound_covers_every_mosaic_batch(tiny_data):

@@ -176,6 +176,19 @@ class CapturableUpdate:
         torch._foreach_add_(e._ema_t, torch._foreach_mul(e._src_t, 1.0 - d))
 
     # --- host side ----------------------------------------------------------------------------------
+    def hand_back(self, eager: Any) -> None:
+        """A step-down from the whole-step graph: torch's optimizer and the EMA update from here on, so their own
+        counters take the device ones (the EMA's update count, AdamW's step per group; fused optimizers keep the
+        step on the parameter's device), and eager's skipped-step count takes this epoch's so far."""
+        if self.ema is not None:
+            self.ema.updates = int(self.ema_updates.item())
+        if self.name == "AdamW":
+            fused = bool(self.opt.defaults.get("fused"))
+            for step, g in zip(self.steps, self.groups):
+                for p in g["params"]:
+                    self.opt.state[p]["step"] = step.detach().clone().to(p.device if fused else "cpu")
+        eager.skipped = self.skipped.clone()
+
     def train_counters(self) -> TrainCounters:
         """optimizer.state_dict() with each AdamW step the device counter of its group, and the EMA's update count
         as that device counter: tensors that the checkpoint's snapshot copies behind the queued steps, where reading

@@ -3,8 +3,10 @@
 Captured: uint8 -> float normalisation, forward (with the auxiliary head), the loss with its task-aligned
 assigner, backward, and at accumulation boundaries unscale / skip-on-inf / clip / optimizer step / loss-
 scale update / EMA update (capturable.py). What makes that possible:
-- static shapes: targets are padded to a per-image capacity that only grows (powers of two); a batch with
-  more objects than the capacity raises it, and that new shape is captured once stable (a `recapture`);
+- static shapes: targets are padded to a per-image capacity (a power of two) that the setup sets from the label
+  scan before the first capture: the most boxes a training batch can hold (data/dataset.py capacity_bound), so a
+  run captures once. A batch with more objects than that (only where no bound was given) raises it, and the new
+  shape is captured once stable, into a new memory pool (a `recapture`; graphpool.py says why a new one);
 - no host synchronisation inside the step: the loss never calls .item() or indexes with a boolean mask,
   the LR and momentum are device tensors refreshed from pinned memory before each replay, and the loss
   terms are read by the trainer's asynchronous meter;
@@ -48,16 +50,17 @@ class FullGraphStep(GraphRunner):
         cfg: Any,
         emit: Callable[[ev.Event], None],
         device: torch.device,
-        fixed_capacity: int | None = None,
+        capacity: int | None = None,
+        fixed: bool = False,
+        lower: Callable[[], GraphRunner] | None = None,
     ):
-        super().__init__(eager, emit, device)
+        super().__init__(eager, emit, device, lower)
         self.captures_loss = True
         self.update = CapturableUpdate(
             parts.optimizer, parts.optimizer_name, parts.scaler, parts.ema, cfg.grad_clip, self.flat, device
         )
-        self.capacity = fixed_capacity or 4
-        self.fixed = fixed_capacity is not None
-        self.pool: Any = None  # the graphs' shared memory pool, made at the first capture
+        self.capacity = capacity or 4
+        self.fixed = fixed  # DDP: every rank must capture and replay the same graphs, so none may raise it alone
 
     # shapes: (B, H, W, 3, capacity); graphs: that plus the boundary flag
     def shape_key(self, img: torch.Tensor, targets: torch.Tensor) -> Shape:
@@ -124,9 +127,8 @@ class FullGraphStep(GraphRunner):
         targets, mask = self._pad(targets, mask)
         g = _FullGraph()
         g.img, g.targets, g.mask = img.clone(), targets.clone(), mask.clone()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with streams.capture(g.graph, pool=self.pool, capture_error_mode="thread_local"):
+        pool = self.pools[0] if self.pools else self.new_pool()  # every graph of this capacity shares one pool
+        with streams.capture(g.graph, pool=pool.handle, capture_error_mode="thread_local"):
             g.items = self._body(g.img, g.targets, g.mask, boundary)
         return g
 
@@ -154,15 +156,23 @@ class FullGraphStep(GraphRunner):
 
     @property
     def skipped(self) -> torch.Tensor | None:
-        return self.update.skipped
+        return self.lower.skipped if self.lower is not None else self.update.skipped
 
     @skipped.setter
     def skipped(self, value: torch.Tensor | None) -> None:
-        self.update.skipped.zero_()
+        if self.lower is not None:
+            self.lower.skipped = value
+        else:
+            self.update.skipped.zero_()
 
     def reload(self) -> None:
         super().reload()
-        self.update.reload()
+        if self.lower is None:
+            self.update.reload()
 
     def train_counters(self) -> TrainCounters:
-        return self.update.train_counters()
+        return self.lower.train_counters() if self.lower is not None else self.update.train_counters()
+
+    def hand_over(self) -> None:
+        """The network graph below updates through torch's optimizer and the EMA's own counter."""
+        self.update.hand_back(self.eager)

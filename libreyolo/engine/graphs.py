@@ -1,6 +1,7 @@
 """CUDA-graph step runners: `cuda_graph=True` replays the network's forward and backward from graphs;
-`cuda_graph="full"` (fullstep.py) replays the whole step. Both are always safe to ask for: where capture
-is impossible they log one line (a `graph` event) and the run trains eagerly, unchanged.
+`cuda_graph="full"` (fullstep.py) replays the whole step. Both are always safe to ask for: a capture or replay
+that fails steps down one level (whole step -> network graph -> eager) in one line (a `graph` event), after the
+failed level's graphs and memory are given back (graphpool.py), and the run goes on.
 
 A graph is only valid for the exact shapes it captured, so shapes are counted: a shape seen 3 times in a
 row is captured (the first two run eagerly on a side stream and double as the warm-up capture needs);
@@ -15,6 +16,7 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.engine.flat import FlatParams
+from libreyolo.engine.graphpool import GraphPool, free_cached
 from libreyolo.engine.step import NO_PHASES, EagerStep, Phases, TrainCounters
 from libreyolo.engine.subgraphs import SubmoduleGraphs
 from libreyolo.families import WHOLE_NET, CapturePlan
@@ -30,21 +32,48 @@ def vram_mb(device: torch.device) -> tuple[float, float]:
 
 
 class GraphRunner:
-    """Shape bookkeeping, capture-or-eager decisions, fallback and events shared by both graph modes."""
+    """Shape bookkeeping, capture-or-eager decisions, step-down and events shared by both graph modes.
+
+    lower: makes the runner one level down (the whole step's: the network graph), which takes over after a failed
+    capture or replay; without one the failed runner trains eager. Once stepped down, every call goes to `lower`."""
 
     mode = "off"
 
-    def __init__(self, eager: EagerStep, emit: Callable[[ev.Event], None], device: torch.device):
+    def __init__(
+        self,
+        eager: EagerStep,
+        emit: Callable[[ev.Event], None],
+        device: torch.device,
+        lower: Callable[[], Any] | None = None,
+    ):
         self.eager, self.emit, self.device = eager, emit, device
         self.graphs: dict[Shape, Any] = {}
+        self.pools: list[GraphPool] = []  # the memory pools of the graphs captured since the last release()
         self.last_shape: Shape | None = None
         self.repeats = 0
         self.disabled = False
         self.eager_shapes: set[Shape] = set()
-        self.captures = 0
+        self._captures = 0
         self.captures_loss = False
+        self.make_lower = lower
+        self.lower: Any = None  # the runner one level down, once this one has stepped down
         self._why_next: str | None = None  # why the graphs were dropped: the next capture event says it
         self._side: torch.cuda.Stream | None = None
+
+    @property
+    def captures(self) -> int:
+        """Graphs captured so far, the lower level's included (the profiler's window moves past capturing steps)."""
+        return self._captures + (self.lower.captures if self.lower is not None else 0)
+
+    @captures.setter
+    def captures(self, value: int) -> None:
+        self._captures = value - (self.lower.captures if self.lower is not None else 0)
+
+    def new_pool(self) -> GraphPool:
+        """A memory pool for a capture, kept (and given back by release()) with this runner's graphs."""
+        pool = GraphPool(self.device)
+        self.pools.append(pool)
+        return pool
 
     @property
     def flat(self) -> FlatParams:
@@ -77,6 +106,8 @@ class GraphRunner:
     def __call__(
         self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases = NO_PHASES
     ) -> torch.Tensor:
+        if self.lower is not None:
+            return self.lower(img, targets, mask, boundary, phases)
         if self.disabled:
             return self.run_eager(img, targets, mask, boundary, phases)
         shape = self.shape_key(img, targets)
@@ -86,6 +117,8 @@ class GraphRunner:
         graph = self.graphs.get(key)
         if graph is None and self.repeats >= STABLE_AFTER:
             graph = self._try_capture(key, img, targets, mask, boundary)
+            if self.lower is not None:  # the capture failed and the run stepped down: this step runs there
+                return self.lower(img, targets, mask, boundary, phases)
         if graph is None:
             if self.graphs and shape not in self.eager_shapes and all(k[: len(shape)] != shape for k in self.graphs):
                 self.eager_shapes.add(shape)
@@ -101,8 +134,12 @@ class GraphRunner:
         try:
             return self.replay(graph, img, targets, mask, boundary, phases)
         except Exception as e:  # a failed replay must never end the run
-            self._fallback(f"replay failed ({type(e).__name__}: {e}); training eager from here on", shape)
-            return self.run_eager(img, targets, mask, boundary, phases)
+            failed = f"replay failed ({type(e).__name__}: {e})"
+        del graph  # what the failed replay held goes with the graphs (after the except: its traceback is gone)
+        self._fallback(failed, shape)
+        if self.lower is not None:
+            return self.lower(img, targets, mask, boundary, phases)
+        return self.run_eager(img, targets, mask, boundary, phases)
 
     def _eager_side(
         self, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
@@ -138,19 +175,19 @@ class GraphRunner:
             if cuda:
                 torch.cuda.synchronize(self.device)
         except Exception as e:
-            self._fallback(
-                f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); training eager from "
-                "here on",
-                key,
-            )
+            failed: str | None = f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        else:
+            failed = None
+        if failed is not None:  # outside the except clause: the failed capture's frames are unreachable by now
+            self._fallback(failed, key)
             return None
         after = vram_mb(self.device) if cuda else (0.0, 0.0)
         self.graphs[key] = graph
-        self.captures += 1
+        self._captures += 1
         why = f"re-captured: {self._why_next}; " if self._why_next else ""
         self.emit(
             ev.Graph(
-                action="capture" if self.captures == 1 else "recapture",
+                action="capture" if self._captures == 1 else "recapture",
                 mode=self.mode,
                 reason=f"{why}captured {self.describe(key)} after {STABLE_AFTER} steps of shape {list(key[:4])}",
                 shape=list(key[:4]),
@@ -168,38 +205,91 @@ class GraphRunner:
         return "the network's forward and backward"
 
     def _fallback(self, reason: str, shape: Shape | None) -> None:
+        """A capture or replay failed: give back what this level holds, then step down one level (or train eager),
+        saying so in one event."""
         self.disabled = True
+        self.release()
+        where = list(shape[:4]) if shape else None
+        lower = self.make_lower() if self.make_lower is not None else None
+        if lower is None:
+            reason += "; training eager from here on"
+            self.emit(ev.Graph(action="fallback", mode=self.mode, reason=reason, shape=where))
+            return
+        self.hand_over()
+        self.lower = lower
+        self.emit(
+            ev.Graph(
+                action="step_down",
+                mode=lower.mode,
+                reason=f"{reason}; {lower.describe(())} in a graph from here on ({NAMES[lower.mode]})",
+                shape=where,
+            )
+        )
+
+    def hand_over(self) -> None:
+        """Before the level below takes over: put state this level keeps its own way back where that level reads it
+        (the whole step keeps the EMA's and AdamW's counters on the device)."""
+
+    def release(self) -> None:
+        """Drop every graph and give their memory back: the graphs first (each gives its reference to its pool
+        back), then references that captures which never ended still hold, the pools, and the cached blocks."""
         self.graphs.clear()
-        self.emit(ev.Graph(action="fallback", mode=self.mode, reason=reason, shape=list(shape[:4]) if shape else None))
+        self.last_shape, self.repeats = None, 0
+        if self.device.type != "cuda":
+            self.pools.clear()
+            return
+        free_cached(self.device)  # collects the dropped graphs (and a failed capture's leftovers) first
+        for pool in self.pools:
+            pool.repair(0)
+            pool.close()
+        self.pools.clear()
+        free_cached(self.device)
+
+    def close(self) -> None:
+        """The run is over: give back every graph and pool of this runner and the level below."""
+        if self.lower is not None:
+            self.lower.close()
+        self.release()
 
     def invalidate(self, reason: str, shape: Shape | None = None) -> None:
         """Drop every graph (a family hook calls this when what a captured step computes changes; the full-step
-        runner when the target capacity grows); shapes are counted again and captured anew once stable, and
-        that capture's event repeats the reason."""
-        if not self.graphs and not self.captures:
+        runner when the target capacity grows) and their pools; shapes are counted again and captured anew, into
+        a new pool, once stable, and that capture's event repeats the reason."""
+        if self.lower is not None:
+            self.lower.invalidate(reason)
+            return
+        if not self.graphs and not self._captures:
             return  # nothing captured yet: the first capture will hold the change
-        self.graphs.clear()
-        self.last_shape, self.repeats = None, 0
+        self.release()
         self._why_next = reason
         self.emit(ev.Graph(action="invalidate", mode=self.mode, reason=reason, shape=list(shape) if shape else None))
 
-    # passthroughs the trainer uses
+    # passthroughs the trainer uses (to the level below once stepped down)
     @property
     def skipped(self) -> torch.Tensor | None:
-        return self.eager.skipped
+        return self.lower.skipped if self.lower is not None else self.eager.skipped
 
     @skipped.setter
     def skipped(self, value: torch.Tensor | None) -> None:
-        self.eager.skipped = value
+        if self.lower is not None:
+            self.lower.skipped = value
+        else:
+            self.eager.skipped = value
 
     def sync(self) -> None:
         """Before a checkpoint: nothing runs beside the step here."""
 
     def train_counters(self) -> TrainCounters:
-        return self.eager.train_counters()
+        return self.lower.train_counters() if self.lower is not None else self.eager.train_counters()
 
     def reload(self) -> None:
-        self.eager.reload()
+        if self.lower is not None:
+            self.lower.reload()
+        else:
+            self.eager.reload()
+
+
+NAMES = {"network": "cuda_graph=true", "full": "cuda_graph=full"}  # a runner's mode as the key spells it
 
 
 class _NetGraph:
@@ -232,8 +322,10 @@ class NetworkGraphStep(GraphRunner):
         return super().describe(key)
 
     def capture(self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> Any:
+        # a pool per shape: graphs of two shapes may replay in any order, and one shape's outputs outlive its replay
+        pool = self.new_pool()
         if self.parts is not None:
-            return self.parts.capture(img)
+            return self.parts.capture(img, pool.handle)
         e = self.eager
         # the backward graph accumulates into .grad in place, so the buffers must exist and never be freed:
         # real gradient accumulation over micro-batches (nbs) then works as in eager mode
@@ -250,9 +342,8 @@ class NetworkGraphStep(GraphRunner):
             device=img.device,
             memory_format=torch.channels_last if e.channels_last else torch.contiguous_format,
         )
-        pool = torch.cuda.graph_pool_handle()
         # thread-local error mode: the loaders' threads (training staging, validation pinning) may allocate host memory
-        with streams.capture(g.fwd, pool=pool, capture_error_mode="thread_local"):
+        with streams.capture(g.fwd, pool=pool.handle, capture_error_mode="thread_local"):
             # the autocast weight-cast cache must not outlive the capture: casts are captured kernels
             with torch.autocast(
                 "cuda",
@@ -264,7 +355,7 @@ class NetworkGraphStep(GraphRunner):
         g.single = isinstance(out, torch.Tensor)  # the loss gets what the network returns: a tensor or a tuple
         g.outs = (out,) if g.single else tuple(out)
         g.grad_outs = [torch.empty_like(o) for o in g.outs]
-        with streams.capture(g.bwd, pool=pool, capture_error_mode="thread_local"):
+        with streams.capture(g.bwd, pool=pool.handle, capture_error_mode="thread_local"):
             torch.autograd.backward(g.outs, grad_tensors=g.grad_outs)
             self.flat.gather_grads()
         # keep the output buffers, drop the captured autograd graph: its nodes would otherwise stay alive

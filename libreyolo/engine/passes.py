@@ -11,12 +11,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from libreyolo.config import TrainConfig
+from libreyolo.data.dataset import capacity_bound
 from libreyolo.data.loader import TrainBatchSampler
 
 
 def mosaic_on(cfg: TrainConfig, epoch: int) -> bool:
     return cfg.mosaic > 0 and epoch < cfg.epochs - cfg.no_aug_epochs
+
+
+def target_capacity(cfg: TrainConfig, labels: list[np.ndarray], start_epoch: int) -> int:
+    """The most target slots per image a training batch of this run can need (the whole-step graph's capacity,
+    known before its first capture): four images' boxes where some epoch of the run uses mosaic, else one's."""
+    mosaic = any(mosaic_on(cfg, e) for e in range(start_epoch, cfg.epochs))
+    return capacity_bound(labels, cfg.mosaic if mosaic else 0.0)
 
 
 def hook_due(cfg: TrainConfig, hooks: dict[str, Any], epoch: int, start_epoch: int) -> bool:

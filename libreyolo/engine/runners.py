@@ -88,19 +88,25 @@ def select_step(
     emit: Callable[[ev.Event], None],
     backend: str | None = None,
     nccl: tuple[int, ...] | None = None,
-    fixed_capacity: int | None = None,
+    capacity: int | None = None,
 ) -> tuple[StepRunner, bool | str, str]:
     """-> (the step runner, the mode it runs, why). An explicit mode that cannot apply also emits one
-    `graph` fallback event (auto's choice is reported by run_start). fixed_capacity: the whole-step graph's target
-    capacity, fixed for the run (DDP: every rank must capture and replay the same graphs, so no rank may raise
-    it on its own)."""
+    `graph` fallback event (auto's choice is reported by run_start). capacity: the whole-step graph's target
+    capacity, known from the label scan (data/dataset.py capacity_bound); under DDP it is fixed for the run (every
+    rank must capture and replay the same graphs, so no rank may raise it on its own). The whole step steps down to
+    the network graph of the family's plan if its capture fails."""
     mode, reason = graph_mode(cfg.cuda_graph, family, device, world_size, backend, nccl)
     if mode is False:
         if cfg.cuda_graph not in (False, "auto"):
             emit(ev.Graph(action="fallback", mode="full" if cfg.cuda_graph == "full" else "network", reason=reason))
         return eager, False, reason
+
+    def network() -> NetworkGraphStep:
+        return NetworkGraphStep(eager, emit, device, family.capture)
+
     if mode == "full":
-        return FullGraphStep(eager, parts, cfg, emit, device, fixed_capacity), mode, reason
+        fixed = backend is not None and capacity is not None
+        return FullGraphStep(eager, parts, cfg, emit, device, capacity, fixed, network), mode, reason
     if cfg.cuda_graph == "full":  # the family's plan allows the network graph only: one line saying why
         emit(ev.Graph(action="fallback", mode="full", reason=reason))
-    return NetworkGraphStep(eager, emit, device, family.capture), mode, reason
+    return network(), mode, reason

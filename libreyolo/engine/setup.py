@@ -17,7 +17,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.data.cache import open_image_cache
 from libreyolo.data.classify import ClassifyDataset
 from libreyolo.data.config import DataConfig, load_data_config
-from libreyolo.data.dataset import AugmentConfig, YOLODataset, capacity_bound
+from libreyolo.data.dataset import AugmentConfig, YOLODataset
 from libreyolo.data.folders import load_classify_config
 from libreyolo.data.loader import (
     TrainBatchSampler,
@@ -187,6 +187,7 @@ class TrainSetup:
         self.join_kernel_warmup()  # a run that failed before its first step may still be warming up
         try:
             self.eager.sync()  # a run that failed inside an accumulation window may have a backward running
+            self.step.close()  # its graphs and their memory pools: a process that trains again gets the memory back
         except Exception:  # noqa: BLE001,S110  (that run's own error is the one it reports)
             pass
         release_workers(self.train_loader)
@@ -323,7 +324,9 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     elif graphs:
         dist.broadcast_module(parts.train_net)  # what DDP's constructor would have done: rank 0's weights everywhere
         eager.grad_reduce = dist.grad_reducer()
-    capacity = capacity_bound(train_ls.labels, cfg.mosaic) if graphs and dist.enabled else None
+    # the most target slots a training batch can need, known before the first capture, so the whole step is
+    # captured once (not re-captured when a batch with more objects per image comes)
+    capacity = passes.target_capacity(cfg, train_ls.labels, start_epoch) if graphs else None
     step, graph_mode_, graph_reason = select_step(
         eager, parts, cfg, family, device, dist.world_size, trainer.emit, dist.backend, nccl, capacity
     )

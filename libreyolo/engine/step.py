@@ -68,6 +68,9 @@ class StepRunner(Protocol):
     def invalidate(self, reason: str) -> None:
         """What the step computes changed (a family hook): drop captured graphs; they are captured anew."""
 
+    def close(self) -> None:
+        """The run is over: give back the graphs and memory pools the runner holds."""
+
 
 def normalize(img: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
     """uint8 (B, H, W, 3) -> float (B, 3, H, W) in [0, 1], on the device: the host only ever moves bytes."""
@@ -175,6 +178,10 @@ class EagerStep:
 
     def invalidate(self, reason: str) -> None:
         """Nothing captured: the next step computes whatever the loss and network compute now."""
+        self._pending.wait()
+
+    def close(self) -> None:
+        """Nothing captured: an overlapped backward ends."""
         self._pending.wait()
 
     def reload(self) -> None:

@@ -122,11 +122,12 @@ class SubmoduleGraphs:
             raise RuntimeError(f"capture plan names {sorted(missing)}, which the forward never called")
         return seen
 
-    def capture(self, img: torch.Tensor) -> dict[str, _ModuleGraph]:
+    def capture(self, img: torch.Tensor, pool: tuple[int, int]) -> dict[str, _ModuleGraph]:
+        """Every named module's forward and backward graphs, in the memory pool `pool` (the runner's, which it gives
+        back when it drops these graphs)."""
         e = self.eager
         flat = e.flat
         samples = self._input_shapes(img)
-        pool = torch.cuda.graph_pool_handle()
         out: dict[str, _ModuleGraph] = {}
         for name, module in self.modules.items():
             s = samples[name]

@@ -37,9 +37,17 @@ _CAPTURES = threading.Lock()
 
 @contextlib.contextmanager
 def capture(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
-    """torch.cuda.graph(graph, **kwargs), once no other thread of this process is capturing."""
-    with _CAPTURES, torch.cuda.graph(graph, **kwargs):
-        yield
+    """torch.cuda.graph(graph, **kwargs), once no other thread of this process is capturing. A capture that fails
+    at its end leaves torch's capture stream current (torch.cuda.graph's exit skips restoring it when capture_end
+    raises): the stream the caller had is made current again."""
+    with _CAPTURES:
+        before = torch.cuda.current_stream()
+        try:
+            with torch.cuda.graph(graph, **kwargs):
+                yield
+        except BaseException:
+            torch.cuda.set_stream(before)
+            raise
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
