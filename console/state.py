@@ -195,11 +195,17 @@ class RunState:
 
     @property
     def fallback(self) -> dict[str, Any] | None:
-        """The current process's `graph` fallback, if any: it trains eager from that step on. (A fallback
-        written before run_start is the mode choice itself, which run_start already reports.)"""
+        """The current process's last `graph` fallback or step-down, if any: it trains eager (fallback) or with the
+        network graph (step_down, from the whole step) from that step on. (A fallback written before run_start is
+        the mode choice itself, which run_start already reports.)"""
         since = (self.start or {}).get("t", float("-inf"))
         return next(
-            (g for g in reversed(self.graphs) if g.get("action") == "fallback" and g.get("t", since) >= since), None
+            (
+                g
+                for g in reversed(self.graphs)
+                if g.get("action") in ("fallback", "step_down") and g.get("t", since) >= since
+            ),
+            None,
         )
 
     @property

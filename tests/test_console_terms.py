@@ -235,6 +235,30 @@ def test_a_fallback_after_run_start_turns_the_mode_eager():
     )
 
 
+def test_a_step_down_after_run_start_turns_the_mode_to_the_network_graph():
+    s = RunState()
+    s.apply(
+        [
+            _start(),
+            _d(
+                ev.Graph(
+                    action="step_down",
+                    mode="network",
+                    reason="capture failed (RuntimeError: x); the network's forward and backward in a graph from "
+                    "here on (cuda_graph=true)",
+                    t=104.5,
+                )
+            ),
+        ]
+    )
+    assert mode_short(s) == "cuda_graph true (step-down)"
+    assert (
+        mode_line(s)
+        .splitlines()[1]
+        .startswith("then the network graph (cuda_graph true) from +4.5s: capture failed (RuntimeError: x)")
+    )
+
+
 def test_the_run_view_shows_the_family_s_columns_the_mode_line_and_the_validation_time(tmp_path, monkeypatch):
     monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
     run_dir = tmp_path / "runs" / "exp"

@@ -35,6 +35,7 @@ ACTION_STYLE = {
     "capture": "green",
     "recapture": "green",
     "fallback": "bold red",
+    "step_down": "bold yellow",
     "invalidate": "yellow",
     "eager_shape": "cyan",
 }
@@ -52,8 +53,9 @@ def mode_short(state: RunState) -> str:
     asked, mode = _modes(state.start)
     if mode is None:  # version 1: only the key as given
         return "" if asked == "false" else f"cuda_graph {asked}"
-    if state.fallback is not None:
-        return "cuda_graph false (fallback)"
+    fb = state.fallback
+    if fb is not None:
+        return "cuda_graph true (step-down)" if fb["action"] == "step_down" else "cuda_graph false (fallback)"
     if mode == "false" and asked in ("false", "auto"):
         return ""
     return f"cuda_graph {mode}" + (f" ({asked})" if asked != mode else "")
@@ -73,7 +75,8 @@ def mode_line(state: RunState) -> str:
     line = f"cuda_graph {mode}" + (f" ({asked})" if asked != mode else "") + (f": {reason}" if reason else "")
     fb = state.fallback
     if fb is not None:
-        line += f"\nthen eager from +{_since(state, fb)}: {fb['reason']}"
+        then = "the network graph (cuda_graph true)" if fb["action"] == "step_down" else "eager"
+        line += f"\nthen {then} from +{_since(state, fb)}: {fb['reason']}"
     return line
 
 
