@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    from libreyolo import oom
     from libreyolo.errors import LibreYOLOError
     from libreyolo.profiler.run import profile_once
 
@@ -21,7 +22,8 @@ def main(argv: list[str]) -> int:
         return 2
     overrides, project, name = json.loads(argv[0]), argv[1], argv[2]
     try:
-        profile_once(overrides, Path(project), name, exist_ok=True)
+        with oom.explained(lambda: oom.config_spec("profiling", overrides, oom.PROFILE)):
+            profile_once(overrides, Path(project), name, exist_ok=True)
     except LibreYOLOError as e:
         sys.stderr.write(f"libreyolo profile trial: {e}\n")
         return 1
