@@ -30,6 +30,7 @@ MODES = {
 }  # torch.compile experiments (bench only)
 KEYS = {
     "model",
+    "data",
     "batch",
     "imgsz",
     "device",
@@ -62,12 +63,22 @@ def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> tupl
         ls = scan_classes(dc.train[0], dc.names)
         ds = ClassifyDataset(ls, cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed)
     else:
-        dc = load_data_config("shapes")
+        dc = load_data_config(cfg.data)
         ds = YOLODataset(
             scan_labels(list_images(dc.train), dc.nc), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed
         )
     b = collate([ds[(i, 0, True)] for i in range(batch)])
     return {k: b[k].to(device) for k in ("img", "targets", "mask")}, dc.nc
+
+
+def pad_targets(data: dict[str, torch.Tensor], slots: int) -> dict[str, torch.Tensor]:
+    """The batch with its targets padded to `slots` per image (empty slots masked out), as a training batch is padded
+    to a whole-step graph's capacity: the assigner works on every slot, so its cost follows the capacity."""
+    extra = slots - data["targets"].shape[1]
+    if extra < 0:
+        raise ConfigError(f"capacity={slots}: the benchmark's batch has {data['targets'].shape[1]} target slots")
+    pad = torch.nn.functional.pad
+    return {**data, "targets": pad(data["targets"], (0, 0, 0, extra)), "mask": pad(data["mask"], (0, extra))}
 
 
 def make_runner(
@@ -122,9 +133,10 @@ def bench_mode(
     warmup: int,
     kernels: bool,
     ddp: Any = None,
+    capacity: int | None = None,
 ) -> dict[str, Any]:
     notes: list[str] = []
-    step, parts = make_runner(cfg, device, nc, mode, lambda e: notes.append(f"{e.action}: {e.reason}"), ddp)
+    step, parts = make_runner(cfg, device, nc, mode, lambda e: notes.append(f"{e.action}: {e.reason}"), ddp, capacity)
     acc = parts.accumulate
     n = 0
 
@@ -244,7 +256,7 @@ def _single_rank_group(device_spec: str) -> Any:
 
 
 def run(argv: list[str]) -> int:
-    extra = {"modes": str, "steps": int, "warmup": int, "json": flag, "kernels": flag, "ddp": flag}
+    extra = {"modes": str, "steps": int, "warmup": int, "json": flag, "kernels": flag, "ddp": flag, "capacity": int}
     if any(a in ("-h", "--help") for a in argv):
         from libreyolo.cli.help import show_help
 
@@ -259,6 +271,8 @@ def run(argv: list[str]) -> int:
                 "kernels": "count kernels per step and phase (default true)",
                 "ddp": "also run the graph modes as one DDP rank over NCCL (world size 1): the flat-gradient "
                 "all-reduce in the step, captured in the full mode (default false)",
+                "capacity": "pad the batch's targets to this many slots per image, and give the full mode's graph that "
+                "capacity, as a training run's label scan does (default: the batch's own)",
                 "json": "print JSON",
             },
             DEFAULTS,
@@ -270,6 +284,7 @@ def run(argv: list[str]) -> int:
         raise ConfigError(f"modes={bad[0]!r}: choose from {', '.join(MODES)}")
     steps, warmup = max(kw.pop("steps", 24), 24), kw.pop("warmup", 16)
     as_json, kernels, ddp = kw.pop("json", False), kw.pop("kernels", True), kw.pop("ddp", False)
+    slots = kw.pop("capacity", None)
     cfg = TrainConfig.from_overrides({**DEFAULTS, **kw})
     spec = oom.RunSpec(
         "benchmarking the training step of", cfg.model, cfg.batch, cfg.imgsz, cfg.device, flags=oom.NO_AUTOBATCH
@@ -277,11 +292,13 @@ def run(argv: list[str]) -> int:
     with oom.explained(lambda: spec):
         device, cudnn_benchmark = bench_device(cfg)
         data, nc = _batch_on_device(cfg, cfg.batch, device)
+        if slots:
+            data = pad_targets(data, slots)
         ctx = _single_rank_group(cfg.device) if ddp else None  # before any work: a CPU run cannot have it
-        results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels) for m in modes]
+        results = [bench_mode(m, cfg, device, data, nc, steps, warmup, kernels, capacity=slots) for m in modes]
         if ctx is not None:
             results += [
-                bench_mode(m, cfg, device, data, nc, steps, warmup, kernels, ctx)
+                bench_mode(m, cfg, device, data, nc, steps, warmup, kernels, ctx, slots)
                 for m in modes
                 if m in ("graph", "full")
             ]
@@ -306,6 +323,8 @@ def run(argv: list[str]) -> int:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "targets_capacity": int(data["targets"].shape[1]),
+        "objects": int(data["mask"].sum()),
+        "data": cfg.data,
         "cudnn_benchmark": cudnn_benchmark,
         "date": time.strftime("%Y-%m-%d"),
     }
