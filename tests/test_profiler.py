@@ -158,6 +158,66 @@ def test_the_window_moves_past_steps_that_captured_a_graph(tiny_data, tmp_path):
     assert "moved past the CUDA graph capture(s) at step(s) 3, 7" in p["verdict"]["why"]
 
 
+def test_the_window_starts_after_the_loaders_prefetched_batches(tiny_data, tmp_path, monkeypatch):
+    """workers=2 on CPU: the loader sends 2 x 4 = 8 batch indices to its workers when its pass starts, then one more
+    each time a step takes a batch. The window discards those 8 steps after profile_warmup=1, so the first measured
+    step's batch was requested only after the warmup's step had run: it cannot come from the queue that filled
+    during the setup and the warmup. Counted from the sampler (which runs in the main process), not from timing."""
+    from libreyolo.data.loader import TrainBatchSampler
+
+    spy = Spy()
+    requested: list[int] = []  # per batch the sampler handed the loader: the steps finished by then
+    real_iter = TrainBatchSampler.__iter__
+
+    def counting_iter(self):
+        for b in real_iter(self):
+            requested.append(len(spy.phases))
+            yield b
+
+    monkeypatch.setattr(TrainBatchSampler, "__iter__", counting_iter)
+    m = LibreYOLO("LibreYOLO9t")
+    args = {**TINY, "data": str(tiny_data), "project": str(tmp_path), "epochs": 3, "nbs": 4, "workers": 2}
+    args.update(profile=True, profile_warmup=1, profile_steps=2)
+    trainer = Trainer(m, TrainConfig.from_overrides(args, family=m.family), set(args))
+    trainer.after_step = spy
+    trainer.train()
+    # one pass over the 3 epochs of 4 batches: 8 indices at its start, then batch k when batch k - 8 was taken
+    assert requested == [max(0, k - 8) for k in range(12)]
+    p = load_profile(trainer.s.run_dir)
+    w = p["window"]
+    assert w["prefetch_batches"] == 8 and p["meta"]["loader_queue"] == "8 prefetched batches (2 workers x 4)"
+    # warmup 1 + the 8 queued batches discarded; step 10 is the first measured, step 11 the synced one
+    assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (9, 1, 1, 11)
+    assert spy.phases == ["NoPhases"] * 9 + ["Recorder"] * 2 + ["NoPhases"]
+    first = w["warmup_steps"]  # the first measured step's batch (0-based: step n takes batch n - 1)
+    assert requested[first] >= args["profile_warmup"]  # requested after the warmup's steps had run
+    assert requested[args["profile_warmup"]] == 0  # without the discard it would have been queued before step 1
+    assert (
+        "The window started after the loader's 8 prefetched batches (2 workers x 4) had been consumed"
+        in (p["verdict"]["why"])
+    )
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 15 workers are counted, never started
+def test_the_loader_queue_counts_workers_prefetch_and_staging():
+    """The depth the window discards, from the loaders data/loader.py builds: workers x prefetch_factor, plus the
+    batches PinnedStager stages ahead on CUDA (with workers=0 too: its thread then loads them)."""
+    from libreyolo.data.loader import train_loader
+    from libreyolo.profiler.prefetch import loader_queue
+
+    cuda = torch.device("cuda", 0)  # building a staged loader touches no GPU; iterating it would
+
+    def depth(workers: int, pin: bool) -> str:
+        return loader_queue(train_loader(list(range(64)), 4, workers, 0, pin, device=cuda)).describe()
+
+    assert depth(15, True) == "33 prefetched batches (15 workers x 2 + 3 staged)"
+    assert depth(1, True) == "7 prefetched batches (1 worker x 4 + 3 staged)"
+    assert depth(0, True) == "3 prefetched batches (3 staged)"
+    assert depth(2, False) == "8 prefetched batches (2 workers x 4)"
+    assert loader_queue(train_loader(list(range(64)), 4, 0, 0, False)).batches == 0  # CPU, in-process loading
+    assert loader_queue(None).batches == 0
+
+
 def test_ddp_is_ignored_with_one_warning():
     emitted = []
     trainer = SimpleNamespace(

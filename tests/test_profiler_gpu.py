@@ -92,8 +92,10 @@ def assert_all(r, verdict):
 def test_one_worker_on_640px_jpegs_is_dataloader(shapes_640, tmp_path):
     # one worker decodes 4 JPEGs of 640 px per image (mosaic) for 32 images a batch (15 workers fed 460 images a
     # second, docs/performance.md: about 1 s a batch for one), several times the tiny model's profiled eager step;
-    # the new-user run of this shape gave dataloader with 98% wait. Warmup 5 > the 4 batches one worker
-    # keeps queued, so the window sees the loader's own pace.
+    # the new-user run of this shape gave dataloader with 98% wait. One trial of five once gave host / launch
+    # (1% data wait): the batches one worker and the staging thread had queued during the setup and the first slow
+    # steps (4 + 3) served the whole first half. The window now discards that many steps after the warmup, so every
+    # measured batch was requested after it, and the loader's own pace shows.
     r = profile_run(
         shapes_640, tmp_path, "--model", "LibreYOLO9t", "--batch", "32", "--imgsz", "640", "--workers", "1",
         "--cuda-graph", "false", "--warmup", "5", "--steps", "4", "nbs=32",
@@ -101,6 +103,11 @@ def test_one_worker_on_640px_jpegs_is_dataloader(shapes_640, tmp_path):
     show("dataloader", r)
     assert_all(r, "dataloader")
     assert all(t["data_frac"] >= 0.2 and t["utilization"] is not None for t in r["trials"])
+    for t in r["trials"]:
+        w = load_profile(t["run_dir"])["window"]
+        # warmup 5, then the 1 x 4 + 3 batches the loader and the staging thread can hold ready
+        assert w["prefetch_batches"] == 7 and w["warmup_steps"] >= 5 + 7, w
+        assert "after the loader's 7 prefetched batches (1 worker x 4 + 3 staged)" in t["why"]
 
 
 def test_tiny_model_at_batch_1_is_host_launch(shapes_160, tmp_path):

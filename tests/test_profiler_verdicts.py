@@ -113,6 +113,19 @@ def test_a_device_full_of_other_processes_is_a_headline_not_the_verdict():
     assert v.evidence["other_process_mb"] == pytest.approx(other)
 
 
+def test_a_window_after_the_loaders_queue_says_so_instead_of_the_caveat():
+    """The window discards the steps the loader's queue can serve (profiler/prefetch.py): the why says that, and
+    the old caveat (a window that may lie inside the queue) no longer applies."""
+    meta = {**META_9T_EAGER, "workers": 15, "loader_queue": "33 prefetched batches (15 workers x 2 + 3 staged)"}
+    v = decide(h200(utilization=0.4, steps_to_verdict_end=15), meta)
+    assert v.name == HOST and "understated" not in v.why
+    assert v.why.endswith(
+        "The window started after the loader's 33 prefetched batches (15 workers x 2 + 3 staged) had been consumed: "
+        "every measured batch was requested from the loader after the warmup and after any CUDA graph capture."
+    )
+    assert "understated" in decide(h200(utilization=0.4, steps_to_verdict_end=15), {**meta, "loader_queue": None}).why
+
+
 def test_real_churn_is_still_memory_pressure():
     v = decide(
         h200(

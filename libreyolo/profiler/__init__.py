@@ -63,7 +63,13 @@ def _report(w: Window) -> None:
     w.prof.export_chrome_trace(str(trace_path))
     with open(trace_path, encoding="utf-8") as f:
         trace = slice_trace(json.load(f))
-    profile = build_profile(w, trace, run_meta(tr))
+    # the loader's queue is what the window discarded after its warmup (profiler/prefetch.py): the verdict's why
+    # says so, and profile.json keeps its depth beside the window's other counts
+    meta = run_meta(tr)
+    if w.queue.batches:
+        meta["loader_queue"] = w.queue.describe()
+    profile = build_profile(w, trace, meta)
+    profile["window"]["prefetch_batches"] = w.queue.batches
     paths = write_artifacts(run_dir, profile, trace)
     if tr.s.is_main:
         print_report(profile)

@@ -42,7 +42,9 @@ def headline_table(p: dict[str, Any]) -> Table:
     t = _table(
         f"{m['model']} on {m['device_name']} · batch {m['batch']} · {m['imgsz']} px · amp "
         f"{m['amp_dtype'] if m['amp'] else 'off'} · "
-        f"workers {m['workers']} · {w['unsync_steps']}+{w['sync_steps']} steps after {w['warmup_steps']} warmup",
+        f"workers {m['workers']} · {w['unsync_steps']}+{w['sync_steps']} steps after {w['warmup_steps']} warmup"
+        # the steps the window discarded for the loader's queue (profiles written before it lack the field)
+        + (f" (incl. {w['prefetch_batches']} for the loader's queue)" if w.get("prefetch_batches") else ""),
         ["figure", "value"],
     )
     rows = [

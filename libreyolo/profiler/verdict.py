@@ -58,6 +58,8 @@ def _prefetch_caveat(h: dict[str, Any], meta: dict[str, Any]) -> str:
     workers queued before it (during cuDNN autotuning and graph capture, say): say so when that is possible."""
     from libreyolo.data.loader import prefetch_factor
 
+    if meta.get("loader_queue"):  # the window discarded the queue's steps after its warmup (profiler/prefetch.py)
+        return ""
     workers, seen = int(meta["workers"]), h.get("steps_to_verdict_end")
     per_worker = prefetch_factor(workers) or 0
     queued = workers * per_worker
@@ -157,6 +159,11 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
             f" The window was moved past the CUDA graph capture(s) at step(s) {steps}: those steps are not measured."
         )
         v.evidence["window_moved_past"] = m["moved"]
+    if meta.get("loader_queue"):
+        v.why += (
+            f" The window started after the loader's {meta['loader_queue']} had been consumed: every measured batch "
+            "was requested from the loader after the warmup and after any CUDA graph capture."
+        )
     if not meta["device"].startswith("cuda"):
         return v
     churn = m["free_per_step"] >= FREE_PER_STEP or m["alloc_retries"] > 0 or m["ooms"] > 0

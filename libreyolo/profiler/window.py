@@ -1,4 +1,10 @@
-"""The profiled window: discard `profile_warmup` real steps, then measure `profile_steps` in two halves.
+"""The profiled window: discard `profile_warmup` real steps, then as many as the training loader can hold ready
+ahead (profiler/prefetch.py), then measure `profile_steps` in two halves.
+
+The second discard is what makes the first half's data wait honest: the setup and the warmup's slow steps let the
+loader's workers fill their queue, and a step served from that queue waits for nothing however slow the loader is.
+After those steps every measured batch was requested from the loader after the warmup ended (and after any CUDA
+graph capture, whose long step lets the queue refill too).
 
 First half: no added synchronisation, under torch.profiler, so data loading, host work and GPU work overlap as
 they really do; only this half decides the verdict. Second half: every phase is bracketed with a device
@@ -7,9 +13,9 @@ writes its artifacts, emits a `profile` event and hands the loop back exactly as
 
 A step in which the step runner captured (or re-captured) a CUDA graph is never measured: capture runs the
 step's work several times, empties the allocator cache and allocates the graph's pool, which would read as a
-slow step with allocator churn. In the first half the window starts again after it (at the next accumulation
-boundary, with a fresh profiler); in the second half that step is left out and the half goes on. The steps
-moved past are in `Window.moved` and in the report.
+slow step with allocator churn. In the first half the window starts again after it (with a fresh profiler, at the
+first accumulation boundary once the loader's queue has been consumed again); in the second half that step is left
+out and the half goes on. The steps moved past are in `Window.moved` and in the report.
 
 The window lives on the trainer only while it measures: `trainer.phases` and `trainer.after_step` are swapped
 in and restored, so a run with profile off carries nothing on its hot path."""
@@ -27,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from libreyolo import events as ev
 from libreyolo.engine.step import PHASES
+from libreyolo.profiler.prefetch import loader_queue
 
 ANNOTATION = "libreyolo::"  # prefix of the record_function ranges the analysis looks for in the trace
 WARMUP, UNSYNC, SYNC, DONE = "warmup", "unsync", "sync", "done"
@@ -124,7 +131,11 @@ class Window:
         self.sync = synchronizer(self.device)
         self.state = WARMUP
         self.seen = 0  # steps since attach
-        self.warmup_steps = 0
+        self.warmup_steps = 0  # steps discarded before the first half: warmup, the loader's queue, captures
+        # the batches the training loader can hold ready: discarded after the warmup (and after a capture) so that
+        # the first half is not served from a queue filled during slow steps
+        self.queue = loader_queue(getattr(s, "train_loader", None))
+        self.start_after = plan.warmup + self.queue.batches  # steps since attach before the first half may start
         self.unsync, self.synced = HalfRecord(), HalfRecord()
         self.prof: profile | None = None
         self.current: dict[str, float] = {}
@@ -142,7 +153,7 @@ class Window:
         self.moved: list[int] = []  # steps (counted from attach, 1-based) held a CUDA graph capture: not measured
         self._captures = self._capture_count()
         trainer.after_step = self
-        if plan.warmup == 0:  # the loop starts on an accumulation boundary: measure from its first step
+        if self.start_after == 0:  # the loop starts on an accumulation boundary: measure from its first step
             self._start_unsync()
 
     # --- boundaries ---------------------------------------------------------------------------------
@@ -216,7 +227,9 @@ class Window:
             self._move_past_capture(boundary)
         elif self.state == WARMUP:
             self.warmup_steps += 1
-            if self.warmup_steps >= self.plan.warmup and boundary:
+            if captured:  # a capture's long step lets the loader's queue refill: consume it before measuring
+                self.start_after = max(self.start_after, self.seen + self.queue.batches)
+            if self.warmup_steps >= self.start_after and boundary:
                 self._start_unsync()
         elif self.state == UNSYNC:
             self._end_step(self.unsync, self._images(epoch_end))
@@ -258,9 +271,10 @@ class Window:
         self.unsync = HalfRecord()
         self.peak_allocated = self.peak_reserved = 0
         self.warmup_steps = self.seen  # every step so far is outside the window
+        self.start_after = self.seen + self.queue.batches  # the queue refilled during the capture: consume it again
         self.state = WARMUP
         self.trainer.phases = self._prev_phases
-        if boundary:
+        if boundary and self.warmup_steps >= self.start_after:
             self._start_unsync()
 
     def _start_unsync(self) -> None:
@@ -308,14 +322,15 @@ class Window:
         self._rf_step = self._rf_segment = None
         if self.state == UNSYNC:
             self._stop_profiler()
-        needed = self.plan.warmup + self.plan.unsync + self.plan.sync
+        needed = self.plan.warmup + self.queue.batches + self.plan.unsync + self.plan.sync
         state, self.state = self.state, DONE
         self.detach()
         moved = f"; it moved past CUDA graph captures at step(s) {_steps(self.moved)}" if self.moved else ""
+        queue = f", then the loader's {self.queue.describe()}" if self.queue.batches else ""
         self.trainer.emit(
             ev.WarningEvent(
                 f"profile: training ended after {self.seen} step(s), in the {state} part of the window "
-                f"(needs at least {needed}{moved}: profile_warmup={self.plan.warmup}, "
+                f"(needs at least {needed}{moved}: profile_warmup={self.plan.warmup}{queue}, "
                 f"profile_steps={self.plan.unsync + self.plan.sync}); "
                 "no report written. Train for more steps or lower profile_warmup / profile_steps.",
                 code="profile",
