@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from libreyolo.profiler.analysis import analyze_trace, slice_trace
-from libreyolo.profiler.verdict import COMPUTE, HOST, MEMORY, decide
+from libreyolo.profiler.verdict import COMPUTE, HOST, MEMORY, UNKNOWN, decide
 
 H200_MB = 143_771.0  # torch.cuda.mem_get_info total of an H200, MiB
 
@@ -111,6 +111,56 @@ def test_a_device_full_of_other_processes_is_a_headline_not_the_verdict():
     )
     assert "at its peak. The GPU ran kernels only 35% of the step" in v.why and "unreliable" not in v.why
     assert v.evidence["other_process_mb"] == pytest.approx(other)
+
+
+def full_device(**kw):
+    """Issue case 2's device: another process holds all but 4.5 GiB; this run reserved 3.4 GB."""
+    free = 4.5 * 1024
+    full = dict(
+        peak_allocated_mb=3_100.0,
+        peak_reserved_mb=3_400.0,
+        reserved_frac=3_400.0 / H200_MB,
+        vram_frac=(H200_MB - free) / H200_MB,
+        device_used_frac=(H200_MB - free) / H200_MB,
+        other_process_mb=H200_MB - free - 3_400.0,
+    )
+    return h200(**{**full, **kw})
+
+
+def test_no_kernel_records_on_a_full_device_say_why_and_name_the_holder():
+    """Issue case 2 on the H200: with the device full of another process every trial's trace held no kernel records
+    (CUPTI allocates its record buffers on the device). No verdict, never memory-pressure: the why opens with the
+    full device and its holder, then says the trace is empty because of it, and what to do."""
+    procs = [{"pid": 4242, "name": "python3", "used_mb": 135_000.0}]
+    v = decide(full_device(utilization=None, other_processes=procs), META_9T_EAGER)
+    assert v.name == UNKNOWN and v.try_overrides is None
+    assert v.why.startswith("The device is 97% full: 132.6 GiB held outside this run's allocator")
+    assert "other processes on it (NVML): python3 (pid 4242) 131.8 GiB." in v.why
+    assert (
+        "The trace holds no GPU kernel records on a device this full (4.5 GiB of 140.4 GiB free): CUPTI, which records "
+        "the kernels for torch.profiler, keeps its records in buffers it allocates on the device, and most likely "
+        "could not allocate them, so GPU busy time is unknown"
+    ) in v.why
+    assert "Free the GPU, or profile with fewer other processes on it." in v.why
+    assert v.levers[0] == (
+        "free the GPU: 132.6 GiB of it is held outside this run (python3 (pid 4242)); stop those processes, or "
+        "profile on a GPU that fewer processes share"
+    )
+    assert v.evidence["no_kernel_records"] == "device full" and "unreliable" not in v.why
+    # without NVML's list the lever still says how much is held elsewhere
+    lever = decide(full_device(utilization=None), META_9T_EAGER).levers[0]
+    assert lever.startswith("free the GPU: 132.6 GiB of it is held outside this run;")
+
+
+def test_no_kernel_records_on_a_device_with_room_blame_cuptis_attachment():
+    v = decide(h200(utilization=None), META_9T_EAGER)
+    assert v.name == UNKNOWN and v.evidence["no_kernel_records"] == "CUPTI did not attach"
+    assert v.why.startswith("the trace holds no GPU kernel records, so GPU busy time is unknown")
+    assert "full" not in v.why and v.levers[0].startswith("check that CUPTI can attach")
+    # a full device whose holders were not measured (an older headline): the figure goes into the sentence itself
+    v = decide(full_device(utilization=None, other_process_mb=None), META_9T_EAGER)
+    assert v.name == UNKNOWN and v.why.startswith("the trace holds no GPU kernel records while the device was 97% full")
+    assert v.levers[0].startswith("free the GPU: most of it is held outside this run;")
 
 
 def test_a_window_after_the_loaders_queue_says_so_instead_of_the_caveat():

@@ -6,8 +6,9 @@
 3. compute          GPU utilization >= 80%
 4. host / launch    otherwise: the GPU is fed too slowly
 
-A CUDA run whose trace holds no kernel records gets "unknown: no GPU kernel records" instead of a guess; a
-CPU run (no GPU to be idle) gets dataloader or compute.
+A CUDA run whose trace holds no kernel records gets "unknown: no GPU kernel records" instead of a guess, with the
+likely cause: a device that was full (CUPTI allocates its kernel-record buffers on the device) or CUPTI that could
+not attach. A CPU run (no GPU to be idle) gets dataloader or compute.
 
 One-time growth (cudaMalloc calls with no cudaFree and no retry: the caching allocator growing, or a CUDA graph
 capture allocating its pool) is reported in `why` but never decides. Neither does memory that other processes
@@ -122,11 +123,16 @@ def _process_list(procs: list[dict[str, Any]] | None) -> str:
     return "; other processes on it (NVML): " + ", ".join(shown) + more
 
 
+def _full_of_others(m: dict[str, Any]) -> bool:
+    """The device is >= 95% full while this run's own reservation is not: the memory is held outside this run."""
+    own_edge = m["reserved_frac"] is not None and m["reserved_frac"] >= VRAM_EDGE
+    return m["device_frac"] is not None and m["device_frac"] >= VRAM_EDGE and m["other_mb"] is not None and not own_edge
+
+
 def _memory_notes(m: dict[str, Any], churn: bool) -> tuple[str, str]:
     """(leading sentence on a device that other processes fill, trailing sentences on growth and captures)."""
     lead = ""
-    own_edge = m["reserved_frac"] is not None and m["reserved_frac"] >= VRAM_EDGE
-    if m["device_frac"] is not None and m["device_frac"] >= VRAM_EDGE and m["other_mb"] is not None and not own_edge:
+    if _full_of_others(m):
         own = f"{_gib(m['peak_reserved_mb'])}" if m["peak_reserved_mb"] is not None else "an unknown amount"
         lead = (
             f"The device is {_pct(m['device_frac'])} full: {_gib(m['other_mb'])} held outside this run's allocator "
@@ -266,18 +272,7 @@ def _decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         )
 
     if util is None:
-        return Verdict(
-            UNKNOWN,
-            "the trace holds no GPU kernel records, so GPU busy time is unknown; no verdict rather than a false one "
-            f"(data wait {_pct(h['data_frac'])} of a {step:.1f} ms step).",
-            [
-                "check that CUPTI can attach: no other profiler (nsys, ncu) running, and profiling allowed for this "
-                "user "
-                "(NVreg_RestrictProfilingToAdminUsers=0)"
-            ],
-            None,
-            evidence,
-        )
+        return _no_kernel_records(h, m, evidence)
 
     kernels = f"{h['kernels_per_step']:.0f} kernels per step, mean {h['mean_kernel_us']:.1f} µs"
     if util >= UTILIZATION:
@@ -317,3 +312,48 @@ def _decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         lever,
         evidence,
     )
+
+
+CUPTI_ATTACH = (
+    "check that CUPTI can attach: no other profiler (nsys, ncu) running, and profiling allowed for this user "
+    "(NVreg_RestrictProfilingToAdminUsers=0)"
+)
+
+
+def _holders(m: dict[str, Any]) -> str:
+    """Who holds the rest of the device: the processes NVML names, else the amount held outside this run."""
+    named = [f"{p['name']} (pid {p['pid']})" for p in m["other_processes"] or [] if p.get("name")][:3]
+    amount = _gib(m["other_mb"]) if m["other_mb"] is not None else "most"
+    return f"{amount} of it is held outside this run" + (f" ({', '.join(named)})" if named else "")
+
+
+def _no_kernel_records(h: dict[str, Any], m: dict[str, Any], evidence: dict[str, Any]) -> Verdict:
+    """A CUDA run whose trace holds no kernel records: GPU busy time is unknown, so no verdict; the why says the
+    likely cause. CUPTI (torch.profiler's CUDA tracing) writes kernel records into buffers it allocates in device
+    memory when tracing starts: on a device that is full those allocations can fail and the kernels go unrecorded,
+    which the profiler cannot observe directly, only infer from the device being full. Otherwise CUPTI did not
+    attach (another profiler, or profiling restricted to admin users)."""
+    unknown = (
+        "GPU busy time is unknown: no verdict rather than a false one "
+        f"(data wait {_pct(h['data_frac'])} of a {h['step_ms']:.1f} ms step)."
+    )
+    frac = m["device_frac"]
+    if frac is None or frac < VRAM_EDGE:
+        evidence["no_kernel_records"] = "CUPTI did not attach"
+        return Verdict(UNKNOWN, f"the trace holds no GPU kernel records, so {unknown}", [CUPTI_ATTACH], None, evidence)
+    evidence["no_kernel_records"] = "device full"
+    total = m["total_mb"]
+    free = f"{_gib(total * (1 - frac))} of {_gib(total)} free" if total else f"{_pct(1 - frac)} free"
+    # decide() opens the why with the full device and who fills it when other processes do; the figures then
+    # need not be said twice
+    where = "on a device this full" if _full_of_others(m) else f"while the device was {_pct(frac)} full"
+    why = (
+        f"the trace holds no GPU kernel records {where} ({free}): CUPTI, which records the kernels for "
+        "torch.profiler, keeps its records in buffers it allocates on the device, and most likely could not allocate "
+        f"them, so {unknown} Free the GPU, or profile with fewer other processes on it."
+    )
+    levers = [
+        f"free the GPU: {_holders(m)}; stop those processes, or profile on a GPU that fewer processes share",
+        CUPTI_ATTACH,
+    ]
+    return Verdict(UNKNOWN, why, levers, None, evidence)
