@@ -146,6 +146,10 @@ def test_large_float32_batch_with_the_network_captured_is_compute(shapes_640, tm
     assert_all(r, "compute")
     assert all(t["utilization"] >= 0.8 and t["captures_in_window"] == 0 for t in r["trials"])
     assert all(t["try"] == {"amp": True, "amp_dtype": "bfloat16"} for t in r["trials"])
+    # trials in one process give back their graphs and pools: the last holds no more than the first
+    peaks = [load_profile(t["run_dir"])["headline"]["peak_reserved_mb"] for t in r["trials"]]
+    print(f"  peak reserved MB per trial: {[round(p) for p in peaks]}")
+    assert peaks[-1] <= 1.05 * peaks[0], peaks
 
 
 def test_allocator_churn_is_memory_pressure(shapes_160, tmp_path):
@@ -177,9 +181,10 @@ def test_issue_case_1_graph_full_at_batch_64_is_compute_and_try_halves_nothing(s
     show("issue 1: 9s b64 bf16 full", r)
     assert_all(r, "compute")
     for t in r["trials"]:
-        # the window moved past the capture, so none is inside it and its allocations decided nothing
-        assert t["window_moved_past"] and t["captures_in_window"] == 0 and t["utilization"] >= 0.8
-        assert "moved past the CUDA graph capture(s)" in t["why"] and "unreliable" not in t["why"]
+        # the capture (step 3) falls in the steps the window discards for the loader's queue (15 workers x 2 + 3
+        # staged), so none is inside the window and its allocations decided nothing
+        assert t["captures_in_window"] == 0 and t["utilization"] >= 0.8
+        assert "after the loader's" in t["why"] and "unreliable" not in t["why"]
     tr = r["try"]
     # bfloat16 is already on: compute has no setting left to try, and a batch is never halved without churn
     assert tr["after"] is None and (tr["lever"] is None or "batch" not in tr["lever"]), tr
