@@ -7,11 +7,12 @@ the same files as one process. The folder is built aside (`.partial-PID`) and re
 
 from __future__ import annotations
 
+import json
 import math
-import multiprocessing
 import os
 import shutil
-from concurrent.futures import ProcessPoolExecutor
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -23,7 +24,7 @@ MIN_PX = 6  # smallest object side; below this a shape's class cannot be told fr
 MAX_FRAC = 0.4  # largest object side, as a fraction of the image's shorter side
 MIN_VISIBLE = 0.5  # every labelled object keeps at least half of its pixels visible (border and occluders)
 FILL = 0.55  # objects' total drawn area at most this fraction of the image, so placements mostly succeed
-POOL_FROM = 64  # images; fewer are written in-process, where a pool's start-up would cost more than it saves
+PROCESSES_FROM = 64  # images; fewer are written in this process: starting workers would cost more than it saves
 
 
 def make_dense(
@@ -42,7 +43,7 @@ def make_dense(
     `objects` is either a tuple (lo, hi): each image draws its count from lo..hi inclusive, or a list of counts
     (a schedule): the train split is cut into len(list) consecutive segments, the k-th with about objects[k]
     objects per image (within 10%), and the val images cycle through the counts. `classes` takes the first that
-    many of NAMES. `workers`: processes (None: one per CPU, up to 8, when there are at least POOL_FROM images)."""
+    many of NAMES. `workers`: processes (None: one per CPU, up to 8, when there are at least PROCESSES_FROM images)."""
     if not 1 <= classes <= len(NAMES):
         raise ValueError(f"classes={classes}: between 1 and {len(NAMES)}")
     schedule = isinstance(objects, list)
@@ -51,21 +52,21 @@ def make_dense(
     out = Path(out)
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    jobs = []
-    for split_id, (split, n) in enumerate((("train", n_train), ("val", n_val))):
+    for split in ("train", "val"):
         (tmp / "images" / split).mkdir(parents=True)
         (tmp / "labels" / split).mkdir(parents=True)
-        jobs += [(str(tmp), split, split_id, i, n, size, seed, objects, classes, distractors) for i in range(n)]
+    spec = dict(tmp=str(tmp), n_train=n_train, n_val=n_val, size=size, seed=seed, objects=list(objects))
+    spec.update(schedule=schedule, classes=classes, distractors=list(distractors))
     if workers is None:
-        workers = min(os.cpu_count() or 1, 8) if len(jobs) >= POOL_FROM else 0
-    if workers > 1:
-        # spawn, not fork: a child forked after OpenCV started its thread pool here hangs on its first call
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, ctx, initializer=_init_worker) as pool:
-            list(pool.map(_write_one, jobs, chunksize=max(1, len(jobs) // (workers * 8))))
-    else:
-        for job in jobs:
-            _write_one(job)
+        workers = min(os.cpu_count() or 1, 8) if n_train + n_val >= PROCESSES_FROM else 0
+    try:
+        if workers > 1:
+            _in_processes(spec, workers)
+        else:
+            _write_shard(spec, 0, 1)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES[:classes]))
     (tmp / "data.yaml").write_text(
         f"# libreyolo dense synthetic dataset (v{VERSION}): size {size}, seed {seed}, objects {objects}, "
@@ -82,25 +83,50 @@ def make_dense(
     return out / "data.yaml"
 
 
-def _init_worker() -> None:
-    cv2.setNumThreads(1)  # the pool already uses every core; OpenCV's own threads would only contend
+def _in_processes(spec: dict, workers: int) -> None:
+    """Each of `workers` fresh interpreters writes every workers-th image. Not multiprocessing: a forked child
+    hangs once OpenCV has started its thread pool in the parent, and spawn re-runs the caller's __main__ (a
+    script without a main guard, or one read from stdin, then fails)."""
+    root = str(Path(__file__).resolve().parents[2])  # where this libreyolo is imported from, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    # one OpenCV thread each: the workers already use every core, OpenCV's own threads would only contend
+    code = (
+        "import sys, json, cv2; cv2.setNumThreads(1); from libreyolo.data.dense import _write_shard; "
+        "_write_shard(json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(spec), str(r), str(workers)], env=env, stderr=subprocess.PIPE
+        )
+        for r in range(workers)
+    ]
+    errors = [p.communicate()[1].decode(errors="replace") for p in procs]
+    for p, err in zip(procs, errors):
+        if p.returncode:
+            raise RuntimeError(f"dense dataset worker exited with {p.returncode}:\n{err.strip()}")
 
 
-def _write_one(job: tuple) -> int:
-    tmp, split, split_id, i, n, size, seed, objects, classes, distractors = job
-    rng = np.random.default_rng([seed, split_id, i])
-    if isinstance(objects, list):
-        c = objects[i % len(objects)] if split_id else objects[min(len(objects) * i // n, len(objects) - 1)]
+def _write_shard(spec: dict, r: int, workers: int) -> None:
+    jobs = [(split, i, n) for split, n in (("train", spec["n_train"]), ("val", spec["n_val"])) for i in range(n)]
+    for split, i, n in jobs[r::workers]:
+        _write_one(spec, split, i, n)
+
+
+def _write_one(spec: dict, split: str, i: int, n: int) -> None:
+    rng = np.random.default_rng([spec["seed"], int(split == "val"), i])
+    objects = spec["objects"]
+    if spec["schedule"]:
+        c = objects[i % len(objects)] if split == "val" else objects[min(len(objects) * i // n, len(objects) - 1)]
         count = max(0, c + round(c * 0.1 * rng.uniform(-1, 1)))
     else:
         count = int(rng.integers(objects[0], objects[1] + 1))
-    img, rows = draw_scene(rng, size, count, classes, int(rng.integers(distractors[0], distractors[1] + 1)))
-    name = f"{split}_{i:05d}"
+    lo, hi = spec["distractors"]
+    img, rows = draw_scene(rng, spec["size"], count, spec["classes"], int(rng.integers(lo, hi + 1)))
+    tmp, name = spec["tmp"], f"{split}_{i:05d}"
     cv2.imwrite(f"{tmp}/images/{split}/{name}.jpg", img, [cv2.IMWRITE_JPEG_QUALITY, int(rng.integers(55, 96))])
     Path(f"{tmp}/labels/{split}/{name}.txt").write_text(
         "".join(f"{c} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in rows)
     )
-    return len(rows)
 
 
 def draw_scene(
