@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("libreyolo.cli.predict", "detect objects in images"),
     "profile": ("libreyolo.cli.profile", "profile real training steps: run | summary | phases | kernels"),
     "bench": ("libreyolo.cli.bench", "benchmarks: step (training step ms, eager vs CUDA graphs) | loader (images/s)"),
-    "data": ("libreyolo.cli.data", "datasets: prepare (verify, label cache, disk cache) | shapes (generate)"),
+    "data": ("libreyolo.cli.data", "datasets: prepare (verify, label cache, disk cache) | shapes | dense (generate)"),
 }
 
 USAGE = "usage: libreyolo COMMAND [key=value ...]   (libreyolo COMMAND --help for its keys)"
