@@ -115,3 +115,22 @@ def test_a_whole_step_capture_that_fails_steps_down_to_the_network_graph_and_giv
     print(f"\nnetwork graph alone: {ref_mb:.0f} MiB reserved; after the step-down: {mb:.0f} MiB")
     assert mb <= 1.1 * ref_mb
     _closed(step)
+
+
+def test_a_run_whose_objects_per_image_jump_captures_its_whole_step_once(tmp_path):
+    """Default keys on a set whose train images hold about 2, then 40, then 150 objects: the label scan gives the
+    capacity before the first capture (no mosaic in a 2-epoch run: one image's boxes), so the run captures once and
+    never re-captures, steps down or falls back."""
+    from libreyolo import LibreYOLO
+    from libreyolo.data.dense import make_dense
+    from libreyolo.events import read_events
+
+    data = make_dense(tmp_path / "jump", n_train=48, n_val=8, size=320, objects=[2, 40, 150])
+    model = LibreYOLO("LibreYOLO9t")
+    model.train(data=str(data), epochs=2, batch=8, imgsz=320, project=str(tmp_path / "runs"), workers=2)
+    events = list(read_events(model.last_run / "events.jsonl"))
+    counts = [len(x.splitlines()) for x in (p.read_text() for p in (tmp_path / "jump/labels/train").glob("*.txt"))]
+    graph = [e for e in events if e["type"] == "graph"]
+    assert [g["action"] for g in graph] == ["capture"], [g["reason"] for g in graph]
+    assert f"target capacity {capacity(max(counts))})" in graph[0]["reason"], (max(counts), graph[0]["reason"])
+    assert events[-1]["status"] == "finished"
