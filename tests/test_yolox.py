@@ -16,7 +16,7 @@ from libreyolo.engine import setup as setup_mod
 from libreyolo.engine.graphs import GraphRunner
 from libreyolo.events import read_events, validate_event
 from libreyolo.families import get_family
-from libreyolo.families.yolox import warm_cos_factor
+from libreyolo.families.yolox import lr_phases, schedule, warm_cos_factor
 from libreyolo.families.yolox.assigner import geometry, simota
 from libreyolo.families.yolox.loss import MAX_LOG_SIZE, YOLOXLoss, decode
 from libreyolo.families.yolox.network import YOLOX
@@ -354,6 +354,29 @@ def test_warm_cos_schedule():
     assert warm_cos_factor(849, total, warm, no_aug) == pytest.approx(0.05, abs=1e-4)
     assert warm_cos_factor(850, total, warm, no_aug) == warm_cos_factor(999, total, warm, no_aug) == 0.05
     assert warm_cos_factor(0, total, 0, 0) == 1.0  # no warm-up
+
+
+def test_short_runs_scale_the_warm_up_and_the_floor_long_runs_keep_yoloxs_recipe():
+    # YOLOX's recipe, 300 epochs: 5 warm-up, cosine, the last 15 (no-aug) at the floor; longer runs alike
+    assert lr_phases(300, 1000, 5000, 15) == lr_phases(400, 1000, 5000, 15) == (5000, 15000)
+    # the defaults in 15 epochs of 50 steps: the no-aug epochs are the whole run. Unscaled, the LR rose for 250
+    # steps, then sat at the floor (5% of lr0) for the remaining 500; scaled, the floor is the last 5% of the
+    # run and the warm-up keeps the engine's 100-step minimum
+    cfg = TrainConfig.from_overrides({"model": "LibreYOLOXn", "epochs": 15})
+    assert (cfg.warmup_epochs, cfg.no_aug_epochs, cfg.lrf) == (5, 15, 0.05)
+    assert lr_phases(15, 50, 250, 15) == (100, 38)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.01, momentum=0.9)
+    opt.param_groups[0]["initial_lr"] = 0.01
+
+    def lr(ni):
+        schedule(opt, cfg, ni // 50, ni, 250, 0.9, 50)
+        return opt.param_groups[0]["lr"] / 0.01
+
+    assert lr(50) == pytest.approx(0.25) and lr(100) == pytest.approx(1.0)
+    assert lr(375) == pytest.approx(0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * 275 / 612)))
+    assert all(lr(ni) > 0.05 for ni in range(101, 712)) and lr(712) == lr(749) == 0.05
+    assert lr_phases(15, 50, 0, 15)[0] == 0  # warmup_epochs=0 stays without a warm-up
+    assert lr_phases(1, 4, 100, 15) == (100, 0)  # a run shorter than the engine's minimum warm-up
 
 
 def test_family_keys_and_defaults():

@@ -26,7 +26,8 @@ KEYS = (
 )
 
 # YOLOX's own training recipe where it differs from the shared defaults (mixup is not in our pipeline); lrf is
-# YOLOX's min_lr_ratio: the cosine ends at 5% of lr0 and stays there for the no-aug epochs
+# YOLOX's min_lr_ratio: the cosine ends at 5% of lr0 and stays there for the no-aug epochs (a share of them in a
+# run shorter than YOLOX's 300 epochs: lr_phases)
 DEFAULTS: dict[str, Any] = {
     "optimizer": "SGD",
     "lr0": 0.01,
@@ -81,6 +82,22 @@ def warm_cos_factor(ni: int, total: int, warmup: int, no_aug: int, min_ratio: fl
     return min_ratio + 0.5 * (1.0 - min_ratio) * (1.0 + math.cos(math.pi * (ni - warmup) / span))
 
 
+RECIPE_EPOCHS = 300  # YOLOX's recipe: 5 warm-up epochs, a cosine, then its floor for the last 15 (no-aug) epochs
+MIN_WARMUP = 100  # iterations: the engine's floor for any warm-up (engine/setup.py), kept when a run is scaled
+
+
+def lr_phases(epochs: int, steps_per_epoch: int, warmup_iters: int, no_aug_epochs: int) -> tuple[int, int]:
+    """(warm-up, floor) lengths in iterations for warm_cos_factor. YOLOX spends 5/300 of its run warming up and
+    15/300 at the floor; with the same epoch counts a short run would warm up for a third of a 15-epoch run and
+    then, its no-aug epochs covering it all, sit at the floor (5% of lr0) for the rest: it barely learns. So a
+    run shorter than YOLOX's 300 epochs scales both phases by epochs / 300, the warm-up not below MIN_WARMUP
+    iterations (nor above what was asked); a run of 300 epochs or more follows YOLOX's recipe as configured."""
+    share = min(epochs / RECIPE_EPOCHS, 1.0)
+    warmup = max(round(warmup_iters * share), min(warmup_iters, MIN_WARMUP))
+    floor = round(min(no_aug_epochs, epochs) * steps_per_epoch * share)
+    return warmup, floor
+
+
 def schedule(
     optimizer: torch.optim.Optimizer,
     cfg: Any,
@@ -91,9 +108,8 @@ def schedule(
     steps_per_epoch: int,
 ) -> None:
     """Every group follows the same curve (YOLOX has no bias warm-up), down to lrf * lr0; momentum stays constant."""
-    total = cfg.epochs * steps_per_epoch
-    no_aug = min(cfg.no_aug_epochs, cfg.epochs) * steps_per_epoch
-    f = warm_cos_factor(ni, total, warmup_iters, no_aug, cfg.lrf)
+    warmup, floor = lr_phases(cfg.epochs, steps_per_epoch, warmup_iters, cfg.no_aug_epochs)
+    f = warm_cos_factor(ni, cfg.epochs * steps_per_epoch, warmup, floor, cfg.lrf)
     for g in optimizer.param_groups:
         g["lr"] = g["initial_lr"] * f
         if "momentum" in g:
