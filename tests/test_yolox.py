@@ -384,8 +384,8 @@ def test_family_keys_and_defaults():
     assert fam.models == ["LibreYOLOXn", "LibreYOLOXt", "LibreYOLOXs"] and fam.loss_terms == ("iou", "obj", "cls", "l1")
     cfg = TrainConfig.from_overrides({"model": "LibreYOLOXt", "l1": "2", "box": 4})
     assert (cfg.optimizer, cfg.lr0, cfg.momentum, cfg.ema_decay, cfg.warmup_epochs, cfg.no_aug_epochs) == (
-        "SGD",
-        0.01,
+        "AdamW",
+        0.002,
         0.9,
         0.9998,
         5,
