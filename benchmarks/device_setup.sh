@@ -9,7 +9,9 @@
 #                    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl faster-coco-eval==1.8.0
 #   old code to race against (benchmarks/race_ab.py): mkdir -p .gpu/old && git archive REF | tar -x -C .gpu/old
 #                (with /.gpu/ in .git/info/exclude; name .gpu and .whl in the call's carry)
-#   there:       source benchmarks/device_setup.sh && python3 benchmarks/race_ab.py --tree new=. --tree old=.gpu/old \
+#   there:       source benchmarks/device_setup.sh && libreyolo bench race data=/tmp/s800/data.yaml epochs=15 \
+#                    imgsz=640 batch=16 modes=auto
+#   or, two trees: source benchmarks/device_setup.sh && python3 benchmarks/race_ab.py --tree new=. --tree old=.gpu/old \
 #                    --out $OUT/ab.jsonl -- data=/tmp/s800/data.yaml epochs=15 imgsz=640 batch=16
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=/tmp/pyc PYTHONUNBUFFERED=1
