@@ -1,9 +1,9 @@
 """TrainConfig: every hyperparameter once, with its default, its type and one line of help.
 
 The CLI's key=value parsing, `libreyolo train --help`, docs/hyperparameters.md and the console's form are
-generated from the table below plus each family's own keys (`Family.keys`, e.g. YOLOv9's loss gains), which
-a config holds in `family_args` and reads like fields (`cfg.box`). Families override shared defaults
-through `Family.defaults`."""
+generated from the table below plus each family's own keys (`Family.options`, e.g. YOLOv9's loss gains), which a
+config holds in `family_args` and the family reads typed (`Family.options_of(cfg).box`). Families override shared
+defaults through `Family.defaults`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+import yaml
 
 from libreyolo import keys as K
 from libreyolo.errors import ConfigError
@@ -176,7 +178,8 @@ class TrainConfig:
         default_factory=list,
         metadata={"parse": None, "help": "callables that receive every event", "group": "python", "cli": False},
     )
-    # the model family's own keys (Family.keys), read and set like fields: cfg.box
+    # the model family's own keys (Family.options): its name, and the values by key name, which the family reads
+    # typed through Family.options_of(cfg)
     family: str | None = field(
         default=None, metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True}
     )
@@ -184,20 +187,16 @@ class TrainConfig:
         default_factory=dict, metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True}
     )
 
-    def __getattr__(self, name: str) -> Any:  # only reached when ordinary lookup fails: a family key
-        args = self.__dict__.get("family_args")
-        if args is not None and name in args:
-            return args[name]
-        raise AttributeError(
-            f"TrainConfig has no key {name!r}"
-            + (f" (model family: {self.__dict__.get('family')})" if args is not None else "")
-        )
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FIELDS or name.startswith("_"):
-            object.__setattr__(self, name, value)
+    def set(self, key: str, value: Any) -> None:
+        """Set a key, TrainConfig's own or the family's, already typed."""
+        if key in _FIELDS:
+            setattr(self, key, value)
         else:
-            self.family_args[name] = value
+            self.family_args[key] = value
+
+    def get(self, key: str) -> Any:
+        """A key's value, TrainConfig's own or the family's (KeyError for neither)."""
+        return getattr(self, key) if key in _FIELDS else self.family_args[key]
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -264,7 +263,7 @@ class TrainConfig:
             cfg.family = family.name
             cfg.family_args = {k.name: k.default for k in family.keys}
         for k, v in {**(family.defaults if family else {}), **(defaults or {}), **overrides}.items():
-            setattr(cfg, k, cls.parse_value(k, v, family))
+            cfg.set(k, cls.parse_value(k, v, family))
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
@@ -275,7 +274,7 @@ class TrainConfig:
         fam = get_family(self.family) if self.family else None
         for k, v in suggested.items():
             if k not in user_keys:
-                setattr(self, k, self.parse_value(k, v, fam))
+                self.set(k, self.parse_value(k, v, fam))
 
 
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
@@ -297,3 +296,45 @@ def unknown_key_message(key: str, valid: list[str], command: str = "train") -> s
 def resolve_multi_label(value: bool | str, mode: str) -> bool:
     """The multi_label key for `mode` ("val" or "predict"): auto is true in validation and false in predict."""
     return mode == "val" if value == "auto" else bool(value)
+
+
+def parse_kv(
+    argv: list[str], allowed: set[str] | None = None, extra: dict[str, Any] | None = None, command: str = "train"
+) -> dict[str, Any]:
+    """['epochs=3', 'device=0,1'] -> {'epochs': 3, 'device': '0,1'}. Values are YAML-ish scalars; keys must
+    be TrainConfig keys or a family's keys (optionally restricted to `allowed`) or one of `extra` (name ->
+    parser). Whether a family key suits the model is checked when the run's config is made. Errors point to
+    `libreyolo <command> --help`."""
+    extra = extra or {}
+    valid = sorted((allowed if allowed is not None else set(TrainConfig.all_keys())) | set(extra))
+    out: dict[str, Any] = {}
+    for arg in argv:
+        if "=" not in arg:
+            raise ConfigError(
+                f"argument {arg!r} is not key=value (for example {'epochs=10' if command == 'train' else 'conf=0.5'}). "
+                f"See `libreyolo {command} --help`."
+            )
+        key, value = arg.split("=", 1)
+        key = key.strip().lstrip("-").replace("-", "_")
+        if key not in valid:
+            raise ConfigError(unknown_key_message(key, valid, command))
+        if key in extra:
+            try:
+                out[key] = extra[key](value)
+            except ValueError as e:  # bad values of command keys are named like TrainConfig's
+                raise ConfigError(f"{key}={value!r} is not valid: {key} takes {e}") from None
+        else:
+            out[key] = TrainConfig.parse_value(key, _scalar(value))
+    return out
+
+
+def _scalar(v: str) -> Any:
+    """'0,1' stays a string (a device list); '[0, 1]' becomes a list; numbers and booleans stay text for the
+    typed parser, which knows what each key accepts."""
+    s = v.strip()
+    if s.startswith("[") and s.endswith("]"):
+        try:
+            return yaml.safe_load(s)
+        except yaml.YAMLError:
+            return s
+    return s

@@ -6,7 +6,7 @@ value, or raises ValueError saying what the key accepts; the caller names the ke
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 TRUE = {"true", "1", "yes", "on", "y", "t"}
@@ -183,3 +183,16 @@ class Key:
     parse: Callable[[Any], Any]
     help: str
     group: str = "loss"
+
+
+def option(default: Any, parse: Callable[[Any], Any], help: str, group: str = "loss") -> Any:
+    """A field of a family's typed keys (a dataclass of its own options: its loss gains, say): its default, the
+    parser that types what a user writes, the one-line help (--help, the docs, the console form)."""
+    return field(default=default, metadata={"parse": parse, "help": help, "group": group})
+
+
+def key_list(cls: type) -> tuple[Key, ...]:
+    """The Key records of a typed keys dataclass, in declaration order."""
+    return tuple(
+        Key(f.name, f.default, f.metadata["parse"], f.metadata["help"], f.metadata["group"]) for f in fields(cls)
+    )

@@ -16,8 +16,8 @@ from libreyolo.engine.runners import graph_mode
 from libreyolo.events import read_events
 from libreyolo.families import get_family, parse_model_name, register, unregister
 from libreyolo.families.rtdetr import FAMILY
-from libreyolo.families.rtdetr import param_groups as rtdetr_groups
 from libreyolo.families.rtdetr.denoising import build_groups, pack_targets
+from libreyolo.families.rtdetr.impl import param_groups as rtdetr_groups
 from libreyolo.families.rtdetr.loss import RTDETRLoss
 from libreyolo.families.rtdetr.matcher import hungarian, match_costs
 from libreyolo.families.rtdetr.network import RTDETR, Spec
@@ -164,7 +164,7 @@ def test_backbone_trains_at_a_tenth_of_the_lr():
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(net.parameters()))
     cfg = TrainConfig.from_overrides({"model": "LibreRTDETRr18"})
     assert (cfg.optimizer, cfg.lr0, cfg.weight_decay, cfg.grad_clip, cfg.ema) == ("AdamW", 1e-4, 1e-4, 0.1, True)
-    assert (cfg.num_queries, cfg.num_denoising) == (300, 100)
+    assert (cfg.get("num_queries"), cfg.get("num_denoising")) == (300, 100)
 
 
 def test_cuda_graph_full_falls_back_to_the_backbone_and_encoder_graph_naming_why():
@@ -177,7 +177,8 @@ def test_cuda_graph_full_falls_back_to_the_backbone_and_encoder_graph_naming_why
 
 @pytest.fixture
 def tiny_family():
-    fam = register(dataclasses.replace(FAMILY, name="rtdetr_tiny", prefix="TinyRTDETR", sizes=("t",), build=_tiny))
+    impl = dataclasses.replace(FAMILY.implementation(), build=_tiny)
+    fam = register(dataclasses.replace(FAMILY, name="rtdetr_tiny", prefix="TinyRTDETR", sizes=("t",), impl=impl))
     yield fam
     unregister(fam.name)
 

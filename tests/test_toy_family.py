@@ -5,6 +5,7 @@ with its term names, and the console's state shows them, with no edit anywhere o
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from libreyolo.config import TrainConfig
 from libreyolo.errors import ConfigError
 from libreyolo.events import read_events, validate_event
 from libreyolo.families import NO_CAPTURE, Family, register, unregister
+from libreyolo.families.base import FamilyImpl
 from libreyolo.nn.blocks import Conv
 from libreyolo.nn.head import Detect
 from libreyolo.nn.nms import nms_packed
@@ -45,7 +47,7 @@ class ToyLoss:
     penalty. Static shapes, no host synchronisation."""
 
     def __init__(self, net: ToyNet, cfg: Any):
-        self.nc, self.gain = net.nc, float(cfg.toy_gain)
+        self.nc, self.gain = net.nc, float(TOY.options_of(cfg).toy_gain)
 
     def __call__(
         self, raw: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float
@@ -93,20 +95,27 @@ def _schedule(
         g["lr"] = g["initial_lr"] * (0.5 if epoch else 1.0)
 
 
+@dataclass(frozen=True)
+class ToyKeys:
+    toy_gain: float = K.option(1.0, K.nonneg(K.number), "weight of the alpha term")
+
+
 TOY = Family(
     name="toy",
     prefix="ToyNet",
     sizes=("a",),
     task="detect",
-    build=lambda size, nc: ToyNet(nc),
-    train_net=lambda net, cfg: net,
-    loss=lambda net, cfg, reduce=None: ToyLoss(net, cfg),
-    postprocess=_postprocess,
     loss_terms=("alpha", "beta"),
-    keys=(K.Key("toy_gain", 1.0, K.nonneg(K.number), "weight of the alpha term"),),
+    impl=FamilyImpl(
+        build=lambda size, nc: ToyNet(nc),
+        train_net=lambda net, cfg: net,
+        loss=lambda net, cfg, reduce=None: ToyLoss(net, cfg),
+        postprocess=_postprocess,
+        param_groups=_groups,
+        schedule=_schedule,
+    ),
+    options=ToyKeys,
     capture=NO_CAPTURE,
-    param_groups=_groups,
-    schedule=_schedule,
     defaults={"optimizer": "AdamW", "lr0": 0.002},
 )
 
@@ -174,7 +183,7 @@ def test_a_family_from_outside_trains_validates_and_reports_its_own_terms(toy, t
 
 def test_family_keys_belong_to_their_family(toy):
     cfg = TrainConfig.from_overrides({"model": "ToyNeta", "toy_gain": 3})
-    assert cfg.toy_gain == 3.0 and cfg.family == "toy" and cfg.to_dict()["toy_gain"] == 3.0
+    assert TOY.options_of(cfg).toy_gain == 3.0 and cfg.family == "toy" and cfg.to_dict()["toy_gain"] == 3.0
     with pytest.raises(
         ConfigError,
         match=r"dfl is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s\); toy models \(ToyNeta\) do not take it",

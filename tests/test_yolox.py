@@ -16,8 +16,8 @@ from libreyolo.engine import setup as setup_mod
 from libreyolo.engine.graphs import GraphRunner
 from libreyolo.events import read_events, validate_event
 from libreyolo.families import get_family
-from libreyolo.families.yolox import lr_phases, schedule, warm_cos_factor
 from libreyolo.families.yolox.assigner import geometry, simota
+from libreyolo.families.yolox.impl import lr_phases, schedule, warm_cos_factor
 from libreyolo.families.yolox.loss import MAX_LOG_SIZE, YOLOXLoss, decode
 from libreyolo.families.yolox.network import YOLOX
 from libreyolo.families.yolox.postprocess import postprocess
@@ -391,7 +391,7 @@ def test_family_keys_and_defaults():
         5,
         15,
     )
-    assert (cfg.degrees, cfg.shear, cfg.obj, cfg.cls, cfg.l1, cfg.box) == (10.0, 2.0, 1.0, 1.0, 2.0, 4.0)
+    assert (cfg.degrees, cfg.shear, *map(cfg.get, ("obj", "cls", "l1", "box"))) == (10.0, 2.0, 1.0, 1.0, 2.0, 4.0)
     assert fam.loss(YOLOX("n", 3), cfg).gains == (4.0, 1.0, 1.0, 2.0)
     with pytest.raises(Exception, match="obj is a key of the yolox family"):
         TrainConfig.from_overrides({"model": "LibreYOLO9t", "obj": 2})

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from libreyolo.engine.components import NOMINAL_BATCH
-from libreyolo.families import LossFn
+from libreyolo.families.base import LossFn
 
 FRACTION = 0.6
 PROBE_SIZES = (1, 2, 4, 8, 16)

@@ -15,7 +15,7 @@ from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import EagerStep
 from libreyolo.engine.warmup import KernelWarmup
-from libreyolo.families import LossFn, Reduce
+from libreyolo.families.base import LossFn, Reduce
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 One pass runs over consecutive epochs (data/loader.TrainBatchSampler.set_span), so the workers decode the next
 epoch while this one validates and checkpoints. A pass ends before an epoch at which the family's
-`on_mosaic_close` hook is due, because the hook may change what the data or the loss is; the trainer runs the
+`mosaic_close` hook is due, because the hook may change what the data or the loss is; the trainer runs the
 hook and opens the next pass there. Shared by the setup, which opens the first pass as soon as the loaders exist
 (the workers decode while the network, optimizer and step are built), and the trainer, which opens the others."""
 
@@ -30,11 +30,11 @@ def target_capacity(cfg: TrainConfig, labels: list[np.ndarray], start_epoch: int
 
 
 def hook_due(cfg: TrainConfig, hooks: dict[str, Any], epoch: int, start_epoch: int) -> bool:
-    """The family's on_mosaic_close hook is due: at the epoch mosaic closes, or at the first epoch of a run
+    """The family's mosaic_close hook is due: at the epoch mosaic closes, or at the first epoch of a run
     (resumed, or shorter than no_aug_epochs) that starts after it, so the hook's change is never lost."""
     close = cfg.epochs - cfg.no_aug_epochs
     due = epoch == close or (epoch == start_epoch and epoch > close)
-    return due and "on_mosaic_close" in hooks
+    return due and "mosaic_close" in hooks
 
 
 def open_pass(

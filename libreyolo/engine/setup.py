@@ -40,14 +40,15 @@ from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.epochval import start_val_workers, validation_due
 from libreyolo.engine.lossscale import ScaleSearch, scale_reason, set_start_scale, start_loss_scale
 from libreyolo.engine.meters import LossMeter
-from libreyolo.engine.rundir import increment_run_dir, write_args
+from libreyolo.runs import increment_run_dir, write_args
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
 from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
 from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.engine.warmup import KernelWarmup, warmup_wanted
 from libreyolo.errors import CheckpointError, ConfigError
-from libreyolo.families import Family, LossFn, ScheduleFn, get_family
+from libreyolo.families import Family, get_family
+from libreyolo.families.base import LossFn, ScheduleFn
 from libreyolo.render import RichRenderer
 from libreyolo.tasks import get_task
 from libreyolo.tblog import TensorBoardLogger, require_tensorboard

@@ -16,7 +16,7 @@ from torch import nn
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.overlap import PendingBackward
-from libreyolo.families import LossFn
+from libreyolo.families.base import LossFn
 
 PHASES = ("data", "to_device", "forward", "loss", "backward", "optimizer", "ema")
 

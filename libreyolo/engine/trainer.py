@@ -23,6 +23,7 @@ from libreyolo.engine.setup import TrainSetup, build_setup
 from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
 from libreyolo.engine.state import model_record, restore_rng, restore_train_state, train_state
 from libreyolo.engine.step import NO_PHASES
+from libreyolo.families.base import HookContext
 
 HEARTBEAT_S = 10.0
 
@@ -163,7 +164,7 @@ class Trainer:
         s = self.s
         hooks = s.family.hooks
         if passes.hook_due(self.cfg, hooks, epoch, s.start_epoch):
-            hooks["on_mosaic_close"](self)
+            hooks["mosaic_close"](HookContext(epoch, (s.loss_fn, s.val_loss), s.step.invalidate))
             self.vals.invalidate()  # the hook may change what the (validation) loss computes
         return passes.open_pass(
             self.cfg, hooks, s.sampler, s.train_loader, epoch, s.start_epoch, self._first_step(epoch)

@@ -38,7 +38,7 @@ from torch import nn
 
 from libreyolo.engine.lossscale import ScaleSearch, start_scale
 from libreyolo.engine.step import feed_targets, train_forward
-from libreyolo.families import ExampleOutputs, LossFn
+from libreyolo.families.base import ExampleOutputs, LossFn
 from libreyolo.nn.clone import clone
 
 

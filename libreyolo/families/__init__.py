@@ -1,90 +1,29 @@
-"""Model families: each is a Family spec; the registry maps model names to (family, size).
+"""Model families, and the registry that maps model names to (family, size). Torch-free: the console, --help and the
+docs read it without loading any network.
 
-A family is a folder plus one registry line (`_BUILTIN` below): everything the one training loop, the
-validator, the event stream, the CLI and the console need to know about it is declared here, so nothing
-outside its folder names its loss terms, its keys or its modules."""
+A family is a folder: its `__init__.py` registers a Family (this module's description: names, sizes, task, loss term
+names, typed keys, capture plan) whose `impl` names the module holding its implementation (families/base.py's
+FamilyImpl: network, loss, postprocess, optional param groups, schedule, hooks), which is imported on first use.
+Families are discovered: every sub-package of this folder, and every entry point of the group `libreyolo.families`
+(a plug-in's package, importable from anywhere), so adding one edits nothing outside its folder."""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, field, fields
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from libreyolo.keys import Key, key_list
 
-from libreyolo.keys import Key
+if TYPE_CHECKING:
+    from libreyolo.families.base import ExampleOutputs, FamilyImpl, HookFn, PostprocessFn, ScheduleFn
 
-# the built-in families, imported on first use of the registry (each module calls register())
-_BUILTIN = (
-    "libreyolo.families.yolo9",
-    "libreyolo.families.yolox",
-    "libreyolo.families.rtdetr",
-    "libreyolo.families.classify",
-)
-
-
-Reduce = Callable[[torch.Tensor], torch.Tensor]  # DDP's all-reduce of the loss normaliser
-# Family.example_outputs: (train net, batch, imgsz, dtype, device, the batch's target mask (B, M)) -> outputs
-ExampleOutputs = Callable[[nn.Module, int, tuple[int, int], torch.dtype, torch.device, torch.Tensor], Any]
-N = TypeVar("N", bound=nn.Module)
-
-
-def random_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, unit: bool = False) -> torch.Tensor:
-    """For example_outputs: a random leaf tensor that requires grad, drawn from a generator of its own (the warm-up
-    makes it beside the setup, whose random streams must not move). unit: uniform in (0, 1), as normalised boxes
-    (a loss that matches boxes by IoU needs real ones), else normal."""
-    g = torch.Generator(device).manual_seed(0)
-    draw = torch.rand if unit else torch.randn
-    return draw(shape, generator=g, device=device, dtype=dtype, requires_grad=True)
-
-
-def own(net: nn.Module, cls: type[N]) -> N:
-    """The family's own network class, from the nn.Module the engine hands a family function."""
-    if not isinstance(net, cls):
-        raise TypeError(f"expected a {cls.__name__} network, got {type(net).__name__}")
-    return net
-
-
-class LossFn(Protocol):
-    def __call__(
-        self, outputs: Any, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int], batch_scale: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """outputs: whatever the train net (training) or the detector (validation) returns; targets (B, M, 5)
-        class, x1, y1, x2, y2 in input pixels, padded, with mask (B, M). -> (the loss to back-propagate,
-        the detached loss terms in `Family.loss_terms` order, shape (len(loss_terms),)). Static shapes and no
-        host synchronisation where the family supports whole-step capture."""
-
-
-class PostprocessFn(Protocol):
-    def __call__(
-        self,
-        net: nn.Module,
-        raw: Any,
-        imgsz: tuple[int, int],
-        conf: float,
-        iou: float,
-        max_det: int,
-        multi_label: bool = False,
-    ) -> torch.Tensor:
-        """Whatever the detector returns in eval mode -> packed detections (N, 7) on its device: batch index,
-        x1, y1, x2, y2 (input pixels), score, class; grouped by image in batch order, best score first."""
-
-
-class ScheduleFn(Protocol):
-    def __call__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        cfg: Any,
-        epoch: int,
-        ni: int,
-        warmup_iters: int,
-        momentum: float,
-        steps_per_epoch: int,
-    ) -> None:
-        """Set each param group's lr (and momentum) for global iteration ni (ni // steps_per_epoch == epoch)."""
+# the moments a family hook may be called at (FamilyImpl.hooks keys)
+HOOKS = ("mosaic_close",)  # before the first epoch without mosaic (YOLOX switches its L1 term on)
+ENTRY_POINTS = "libreyolo.families"  # plug-ins: an entry point whose module registers its families on import
 
 
 @dataclass(frozen=True)
@@ -112,76 +51,141 @@ WHOLE_NET = CapturePlan(("",), full_step=True)
 
 
 @dataclass(frozen=True)
+class NoKeys:
+    """The typed keys of a family that has none of its own."""
+
+
+@dataclass(frozen=True)
 class Family:
-    """What the one training loop needs to know about a model family."""
+    """What the one training loop, the CLI and the console need to know about a model family, without torch.
+
+    impl: where its implementation is, "package.module" (its IMPL) or "package.module:NAME", a FamilyImpl; or the
+    FamilyImpl itself (a family defined in one file, as the tests' toy family). options: the dataclass of its own
+    typed keys (fields made with keys.option), merged into TrainConfig's spec; `options_of(cfg)` gives a run's
+    values."""
 
     name: str
     prefix: str  # model names are prefix + size, e.g. LibreYOLO9 + t
     sizes: tuple[str, ...]
     task: str
-    build: Callable[[str, int], nn.Module]  # (size, num_classes) -> network, random init
-    train_net: Callable[[nn.Module, Any], nn.Module]  # (network, TrainConfig) -> what the step runs
-    loss: Callable[[nn.Module, Any, Reduce | None], LossFn]  # (network, cfg, normalizer reduce) -> loss fn
-    postprocess: PostprocessFn
     loss_terms: tuple[str, ...]  # names of the logged loss terms, in the order the loss returns them
-    keys: tuple[Key, ...] = ()  # the family's own training keys (merged into TrainConfig's spec)
+    impl: Any
+    options: type = NoKeys
     capture: CapturePlan = NO_CAPTURE
     supports_ddp: bool = True
     defaults: dict[str, Any] = field(default_factory=dict)  # defaults of shared keys that differ for this family
-    param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None  # None: engine.optim.param_groups
-    schedule: ScheduleFn | None = None  # None: engine.optim.apply_schedule (warm-up, then linear or cosine)
-    hooks: dict[str, Callable[[Any], None]] = field(default_factory=dict)  # e.g. on_mosaic_close(trainer)
-    # (train net, batch, imgsz, dtype, device, target mask) -> random tensors shaped as the train net's training
-    # forward returns them for a batch with that target mask, requiring grad: the kernel warm-up runs the loss on them
-    # in a thread of its own while the network's first forward runs (engine/warmup.py). None: the loss's first call
-    # follows the forward.
-    example_outputs: ExampleOutputs | None = None
+    order: int = 100  # where --help, the docs and the console list it (the built-in families: 0-9)
 
     @property
-    def supports_full_graph(self) -> bool:
-        return self.capture.full_step
+    def keys(self) -> tuple[Key, ...]:
+        """The family's own keys as Key records (parser, help), in declaration order."""
+        return key_list(self.options)
+
+    def key(self, name: str) -> Key | None:
+        return next((k for k in self.keys if k.name == name), None)
+
+    def options_of(self, cfg: Any) -> Any:
+        """The run's values of this family's keys (an instance of `options`): the config's own where it was made for
+        a family with these options (this one, or a variant registered with the same options), the defaults where it
+        was made for another (`model.val()` of a checkpoint builds one so)."""
+        made_for = _REGISTRY.get(getattr(cfg, "family", None) or "")
+        args = getattr(cfg, "family_args", None) if made_for is not None and made_for.options is self.options else None
+        names = {f.name for f in fields(self.options)}
+        return self.options(**{k: v for k, v in (args or {}).items() if k in names})
 
     @property
     def models(self) -> list[str]:
         return [self.prefix + s for s in self.sizes]
 
-    def key(self, name: str) -> Key | None:
-        return next((k for k in self.keys if k.name == name), None)
+    @property
+    def supports_full_graph(self) -> bool:
+        return self.capture.full_step
+
+    # --- the implementation, imported on first use -------------------------------------------------------------
+    def implementation(self) -> FamilyImpl:
+        got = _IMPLS.get(self.name)
+        if got is None:
+            if isinstance(self.impl, str):
+                module, _, attr = self.impl.partition(":")
+                got = getattr(importlib.import_module(module), attr or "IMPL")
+                bad = [h for h in got.hooks if h not in HOOKS]
+                if bad:
+                    raise ValueError(f"family {self.name!r}: unknown hook(s) {bad}; one of {', '.join(HOOKS)}")
+            else:
+                got = self.impl
+            _IMPLS[self.name] = got
+        return got
+
+    @property
+    def build(self) -> Any:
+        return self.implementation().build
+
+    @property
+    def train_net(self) -> Any:
+        return self.implementation().train_net
+
+    @property
+    def loss(self) -> Any:
+        return self.implementation().loss
+
+    @property
+    def postprocess(self) -> PostprocessFn:
+        return self.implementation().postprocess
+
+    @property
+    def param_groups(self) -> Any:
+        return self.implementation().param_groups
+
+    @property
+    def schedule(self) -> ScheduleFn | None:
+        return self.implementation().schedule
+
+    @property
+    def hooks(self) -> dict[str, HookFn]:
+        return self.implementation().hooks
+
+    @property
+    def example_outputs(self) -> ExampleOutputs | None:
+        return self.implementation().example_outputs
 
 
 _REGISTRY: dict[str, Family] = {}
+_IMPLS: dict[str, Any] = {}  # family name -> its FamilyImpl, once imported
 
 
 def register(family: Family) -> Family:
-    """Add a family (a built-in one at import, or a plugin's, or a test's); its models and keys become known.
-    The registry lists the built-in families in _BUILTIN order whatever order they were imported in (--help and
-    the docs follow it), then the others in the order they were registered."""
+    """Add a family (a built-in or a plug-in's at import, or a test's); its models and keys become known. The
+    registry lists the families by `order`, then in the order they were registered."""
     if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
         raise ValueError(f"a model family named {family.name!r} is already registered")
+    bad = [h for h in _declared_hooks(family) if h not in HOOKS]
+    if bad:
+        raise ValueError(f"family {family.name!r}: unknown hook(s) {bad}; a family hook is one of {', '.join(HOOKS)}")
     _REGISTRY[family.name] = family
-    ordered = sorted(_REGISTRY.values(), key=_rank)
+    ordered = sorted(_REGISTRY.values(), key=lambda f: f.order)
     _REGISTRY.clear()
     _REGISTRY.update((f.name, f) for f in ordered)
     return family
 
 
-def _rank(fam: Family) -> int:
-    mod = getattr(fam.build, "__module__", "")
-    return next((i for i, m in enumerate(_BUILTIN) if mod == m or mod.startswith(m + ".")), len(_BUILTIN))
+def _declared_hooks(family: Family) -> list[str]:
+    """The hooks of an implementation given as an object (a module path is checked when it is first imported)."""
+    return [] if isinstance(family.impl, str) else list(family.impl.hooks)
 
 
 def unregister(name: str) -> None:
     """Remove a family registered with register() (a test's or a plugin's)."""
     _REGISTRY.pop(name, None)
+    _IMPLS.pop(name, None)
 
 
 def families() -> dict[str, Family]:
-    _load_builtin()
+    _discover()
     return dict(_REGISTRY)
 
 
 def get_family(name: str) -> Family:
-    _load_builtin()
+    _discover()
     if name not in _REGISTRY:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
@@ -190,7 +194,7 @@ def get_family(name: str) -> Family:
 def parse_model_name(name: str) -> tuple[Family, str] | None:
     """'LibreYOLO9t' -> (yolo9 family, 't'), 'LibreRTDETRr18' -> (rtdetr, 'r18'), 'LibreResNet18' -> (resnet, '18');
     None if the name is not a known model name."""
-    _load_builtin()
+    _discover()
     # the longest prefix first: LibreYOLOX must not be read as LibreYOLO + "x..."
     for fam in sorted(_REGISTRY.values(), key=lambda f: -len(f.prefix)):
         m = re.fullmatch(re.escape(fam.prefix) + r"([a-z0-9]+)", name, flags=re.IGNORECASE)  # sizes like r18, 18
@@ -200,13 +204,13 @@ def parse_model_name(name: str) -> tuple[Family, str] | None:
 
 
 def model_names() -> list[str]:
-    _load_builtin()
+    _discover()
     return [m for f in _REGISTRY.values() for m in f.models]
 
 
 def family_keys() -> dict[str, list[tuple[Family, Key]]]:
     """key name -> the families that declare it (a name may be shared, e.g. a `cls` gain), in registry order."""
-    _load_builtin()
+    _discover()
     out: dict[str, list[tuple[Family, Key]]] = {}
     for fam in _REGISTRY.values():
         for k in fam.keys:
@@ -214,12 +218,17 @@ def family_keys() -> dict[str, list[tuple[Family, Key]]]:
     return out
 
 
-_loaded = False
+_discovered = False
 
 
-def _load_builtin() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in _BUILTIN:
-            importlib.import_module(module)
+def _discover() -> None:
+    """Import every family folder here and every plug-in's entry point, once: each registers its families."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for m in pkgutil.iter_modules(__path__):
+        if m.ispkg:
+            importlib.import_module(f"{__name__}.{m.name}")
+    for ep in metadata.entry_points(group=ENTRY_POINTS):
+        ep.load()

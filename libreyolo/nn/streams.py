@@ -41,12 +41,13 @@ def capture(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
     at its end leaves torch's capture stream current (torch.cuda.graph's exit skips restoring it when capture_end
     raises): the stream the caller had is made current again."""
     with _CAPTURES:
-        before = torch.cuda.current_stream()
+        before = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
         try:
             with torch.cuda.graph(graph, **kwargs):
                 yield
         except BaseException:
-            torch.cuda.set_stream(before)
+            if before is not None:
+                torch.cuda.set_stream(before)
             raise
 
 

@@ -1,93 +1,35 @@
-"""YOLOv9 family spec: GELAN network, auxiliary PGI head while training, TAL/CIoU/DFL loss."""
+"""YOLOv9 (GELAN network, auxiliary PGI head while training, TAL/CIoU/DFL loss): the family's description. The
+implementation is impl.py, imported on first use."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
+from dataclasses import dataclass
 
 from libreyolo import keys as K
-from libreyolo.families import WHOLE_NET, Family, Reduce, own, random_output, register
-from libreyolo.families.yolo9.loss import DetectionLoss
-from libreyolo.families.yolo9.network import SIZES, YOLO9, TrainNet
-from libreyolo.families.yolo9.postprocess import postprocess
-
-LOSS_TERMS = ("box", "cls", "dfl")
-
-KEYS = (
-    K.Key("box", 7.5, K.nonneg(K.number), "box (CIoU) loss gain"),
-    K.Key("cls", 0.5, K.nonneg(K.number), "classification (BCE) loss gain"),
-    K.Key("dfl", 1.5, K.nonneg(K.number), "distribution focal loss gain"),
-    K.Key("aux", True, K.boolean, "train with the auxiliary PGI head; never part of saved weights"),
-    K.Key("aux_weight", 0.25, K.nonneg(K.number), "weight of the auxiliary head's loss"),
-)
+from libreyolo.families import WHOLE_NET, Family, register
 
 
-def build(size: str, nc: int) -> YOLO9:
-    return YOLO9(size, nc)
-
-
-def train_net(net: nn.Module, cfg: Any) -> TrainNet:
-    return TrainNet(own(net, YOLO9), aux=bool(cfg.aux))
-
-
-def example_outputs(
-    train: nn.Module, batch: int, imgsz: tuple[int, int], dtype: torch.dtype, device: torch.device, mask: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """Random raw outputs of the main (and auxiliary) head: (batch, 4 * reg_max + nc, anchors) each."""
-    t = own(train, TrainNet)
-    anchors = sum(h * w for h, w in t.net.feature_shapes(*imgsz))
-    shape = (batch, 4 * t.net.reg_max + t.net.nc, anchors)
-    return tuple(random_output(shape, dtype, device) for _ in range(1 if t.aux is None else 2))
-
-
-class Yolo9Loss:
-    """Main head loss plus aux_weight times the auxiliary head's loss; logged terms are the main head's."""
-
-    def __init__(self, net: YOLO9, cfg: Any, reduce_normalizer: Reduce | None = None):
-        self.main = DetectionLoss(
-            net.nc, net.strides, net.reg_max, cfg.box, cfg.cls, cfg.dfl, reduce_normalizer=reduce_normalizer
-        )
-        self.aux_weight = float(cfg.aux_weight)
-
-    def __call__(
-        self,
-        outputs: torch.Tensor | tuple[torch.Tensor, ...],
-        targets: torch.Tensor,
-        mask: torch.Tensor,
-        imgsz: tuple[int, int],
-        batch_scale: float,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(outputs, torch.Tensor):  # the detector alone (validation): the main head's output
-            outputs = (outputs,)
-        if len(outputs) > 1 and self.aux_weight > 0:
-            # both heads in one batched loss call: one assignment, half the kernels
-            return self.main(torch.cat(outputs[:2], 0), targets, mask, imgsz, batch_scale, (1.0, self.aux_weight))
-        return self.main(outputs[0], targets, mask, imgsz, batch_scale)
-
-
-def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> Yolo9Loss:
-    return Yolo9Loss(own(net, YOLO9), cfg, reduce_normalizer)
+@dataclass(frozen=True)
+class Yolo9Keys:
+    box: float = K.option(7.5, K.nonneg(K.number), "box (CIoU) loss gain")
+    cls: float = K.option(0.5, K.nonneg(K.number), "classification (BCE) loss gain")
+    dfl: float = K.option(1.5, K.nonneg(K.number), "distribution focal loss gain")
+    aux: bool = K.option(True, K.boolean, "train with the auxiliary PGI head; never part of saved weights")
+    aux_weight: float = K.option(0.25, K.nonneg(K.number), "weight of the auxiliary head's loss")
 
 
 FAMILY = register(
     Family(
         name="yolo9",
         prefix="LibreYOLO9",
-        sizes=tuple(SIZES),
+        sizes=("t", "s"),
         task="detect",
-        build=build,
-        train_net=train_net,
-        loss=loss,
-        postprocess=postprocess,
-        loss_terms=LOSS_TERMS,
-        keys=KEYS,
+        loss_terms=("box", "cls", "dfl"),
+        impl="libreyolo.families.yolo9.impl",
+        options=Yolo9Keys,
         capture=WHOLE_NET,
         supports_ddp=True,
         defaults={"amp": True, "sync_bn": True},
-        example_outputs=example_outputs,
+        order=0,
     )
 )
-
-__all__ = ["FAMILY", "YOLO9", "TrainNet", "nn"]

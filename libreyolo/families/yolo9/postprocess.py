@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.families import own
+from libreyolo.families.base import own
 from libreyolo.families.yolo9.network import YOLO9
 from libreyolo.nn.nms import nms_packed
 

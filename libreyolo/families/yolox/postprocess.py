@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from libreyolo.families import own
+from libreyolo.families.base import own
 from libreyolo.families.yolox.loss import as_raw, decode
 from libreyolo.families.yolox.network import YOLOX
 from libreyolo.nn.nms import nms_packed
