@@ -71,7 +71,7 @@ def load_form() -> tuple[list[str], bool]:
     import torch
 
     import libreyolo_console.screens.new_run  # noqa: F401  (imported here for its cost, used once loaded)
-    from libreyolo.families import model_names
+    from libreyolo.api import model_names
 
     return model_names(), torch.cuda.is_available()
 

@@ -9,11 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from libreyolo.cli.args import parse_kv
-from libreyolo.config import TrainConfig
-from libreyolo.data.config import is_builtin
-from libreyolo.data.shapes import DEMO_SETTINGS
-from libreyolo.errors import LibreYOLOError
+from libreyolo.api import DEMO_SETTINGS, LibreYOLOError, TrainConfig, is_builtin, parse_kv
 
 # The keys the form shows, in order; anything else goes into the "more" field as key=value.
 FORM_KEYS = (
@@ -122,7 +118,7 @@ def check_data(data: str) -> str | None:
     data = data.strip()
     if is_builtin_data(data):
         return None
-    from libreyolo.data.config import load_data_config
+    from libreyolo.api import load_data_config
 
     try:
         load_data_config(data)
@@ -133,7 +129,7 @@ def check_data(data: str) -> str | None:
 
 def check_model(model: str) -> str | None:
     """None if `model` names a model or an existing checkpoint."""
-    from libreyolo.families import model_names, parse_model_name
+    from libreyolo.api import model_names, parse_model_name
 
     model = model.strip()
     if parse_model_name(model) is not None or Path(model).expanduser().is_file():

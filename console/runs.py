@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libreyolo.tasks import DETECT, TASKS
+from libreyolo.api import DETECT, TASKS
 from libreyolo_console.supervisor import RECORD, ProcessRecord, is_alive, read_record, record_alive
 from libreyolo_console.tail import LineTail, parse_event
 

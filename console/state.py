@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from libreyolo.eta import EtaEstimator
-from libreyolo.tasks import DETECT, TASKS, Task
+from libreyolo.api import DETECT, TASKS, EtaEstimator, Task
 
 MAX_POINTS = 2000  # loss-curve points kept; older ones are thinned so a week-long run stays cheap to plot
 

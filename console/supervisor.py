@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from libreyolo.engine.rundir import increment_run_dir
+from libreyolo.api import increment_run_dir
 
 RECORD = "supervisor.json"
 STDOUT_LOG = "stdout.log"

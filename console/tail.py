@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from libreyolo.events import READABLE_VERSIONS
+from libreyolo.api import READABLE_VERSIONS
 
 CHUNK = 4 << 20  # bytes per read: a long run's file is delivered in pieces, so the UI stays responsive
 _HEAD = 256  # bytes remembered from the start of the file to notice a rewrite

@@ -13,7 +13,7 @@ from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Static
 
-from libreyolo.errors import LibreYOLOError
+from libreyolo.api import LibreYOLOError
 from libreyolo_console import command, supervisor
 from libreyolo_console.screens.dialogs import DataPicker
 from libreyolo_console.widgets.run_form import RunForm

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual import events
 from textual.widgets import DataTable
 
-from libreyolo.tasks import DETECT
+from libreyolo.api import DETECT
 from libreyolo_console.state import EpochRow, RunState
 from libreyolo_console.widgets.fmt import duration, num, seconds
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from libreyolo.render import fmt_duration
+from libreyolo.api import fmt_duration
 
 
 def duration(seconds: float | None) -> str:

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from libreyolo.cli.args import flag, parse_kv
 from libreyolo.cli.help import show_help
-from libreyolo.engine.rundir import increment_run_dir
+from libreyolo.runs import increment_run_dir
 
 KEYS = {"model", "imgsz", "device", "conf", "iou", "max_det", "multi_label", "project", "name"}
 

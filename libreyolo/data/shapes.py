@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import cv2
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 NAMES = ["circle", "square", "triangle"]
 VERSION = 1
@@ -41,6 +42,9 @@ def builtin_shapes_yaml(
 
 def make_shapes(out: str | os.PathLike, n_train: int, n_val: int, size: int, seed: int = 0, quality: int = 90) -> Path:
     """Write images/{train,val}, labels/{train,val} and data.yaml under `out`; returns the yaml path."""
+    import cv2  # here, not at import: the console reads this module's settings and never draws
+    import numpy as np
+
     out = Path(out)
     tmp = out.with_name(out.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -72,6 +76,9 @@ def make_shapes(out: str | os.PathLike, n_train: int, n_val: int, size: int, see
 
 
 def _draw(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[tuple]]:
+    import cv2
+    import numpy as np
+
     h = int(size * rng.uniform(0.75, 1.0))
     w = size
     if rng.random() < 0.5:

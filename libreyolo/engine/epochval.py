@@ -27,7 +27,7 @@ from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
 from libreyolo.data.loader import ValLoader
 from libreyolo.engine.graphs import STABLE_AFTER
-from libreyolo.engine.rundir import append_results, results_columns, results_row
+from libreyolo.runs import append_results, results_columns, results_row
 from libreyolo.eval.coco import EvalProcess, load_evaluator
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.threaded import ThreadedValidation

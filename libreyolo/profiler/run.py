@@ -20,7 +20,7 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
-from libreyolo.engine.rundir import increment_run_dir
+from libreyolo.runs import increment_run_dir
 from libreyolo.errors import LibreYOLOError
 from libreyolo.profiler.artifacts import write_json
 from libreyolo.profiler.schema import load_profile
