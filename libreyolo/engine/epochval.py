@@ -27,12 +27,12 @@ from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
 from libreyolo.data.loader import ValLoader
 from libreyolo.engine.graphs import STABLE_AFTER
-from libreyolo.runs import append_results, results_columns, results_row
 from libreyolo.eval.coco import EvalProcess, load_evaluator
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.threaded import ThreadedValidation
 from libreyolo.eval.validator import PendingValidation, start_validation, to_input
 from libreyolo.nn.clone import clone
+from libreyolo.runs import append_results, results_columns, results_row
 from libreyolo.tasks import get_task
 
 # The validation workers start decoding this many steps before an epoch ends, or earlier, VAL_HEAD_START_S before

@@ -167,8 +167,7 @@ class GraphRunner:
         if cuda:
             # torch.cuda.graph() empties the allocator cache on entry: do it first, so that before/after
             # differ only by what the capture itself keeps
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+            free_cached(self.device)
         before = vram_mb(self.device) if cuda else (0.0, 0.0)
         try:
             graph = self.capture(key, img, targets, mask, boundary)
@@ -179,6 +178,8 @@ class GraphRunner:
         else:
             failed = None
         if failed is not None:  # outside the except clause: the failed capture's frames are unreachable by now
+            for pool in self.pools:
+                pool.end_failed_capture()
             self._fallback(failed, key)
             return None
         after = vram_mb(self.device) if cuda else (0.0, 0.0)
@@ -239,10 +240,10 @@ class GraphRunner:
             self.pools.clear()
             return
         free_cached(self.device)  # collects the dropped graphs (and a failed capture's leftovers) first
-        for pool in self.pools:
+        pools, self.pools = self.pools, []
+        for pool in pools:
             pool.repair(0)
             pool.close()
-        self.pools.clear()
         free_cached(self.device)
 
     def close(self) -> None:

@@ -40,7 +40,6 @@ from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.epochval import start_val_workers, validation_due
 from libreyolo.engine.lossscale import ScaleSearch, scale_reason, set_start_scale, start_loss_scale
 from libreyolo.engine.meters import LossMeter
-from libreyolo.runs import increment_run_dir, write_args
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
 from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
@@ -50,6 +49,7 @@ from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families import Family, get_family
 from libreyolo.families.base import LossFn, ScheduleFn
 from libreyolo.render import RichRenderer
+from libreyolo.runs import increment_run_dir, write_args
 from libreyolo.tasks import get_task
 from libreyolo.tblog import TensorBoardLogger, require_tensorboard
 

@@ -35,6 +35,12 @@ _next = [0]  # side branches started so far (side_branches())
 _CAPTURES = threading.Lock()
 
 
+def no_capture() -> threading.Lock:
+    """Held: no capture of this process is underway (for what torch refuses during one: emptying the allocator's
+    cache, dropping a memory pool)."""
+    return _CAPTURES
+
+
 @contextlib.contextmanager
 def capture(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
     """torch.cuda.graph(graph, **kwargs), once no other thread of this process is capturing. A capture that fails

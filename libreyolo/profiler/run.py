@@ -20,11 +20,11 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
-from libreyolo.runs import increment_run_dir
 from libreyolo.errors import LibreYOLOError
 from libreyolo.profiler.artifacts import write_json
 from libreyolo.profiler.schema import load_profile
 from libreyolo.profiler.verdict import FREE_PER_STEP, MEMORY
+from libreyolo.runs import increment_run_dir
 
 REPEAT_SCHEMA = "libreyolo.profile_repeat/v1"
 TRY_SCHEMA = "libreyolo.profile_try/v1"
