@@ -110,15 +110,15 @@ class LibreYOLO:
         kwargs.setdefault("model", self.source)
         user_keys = set(kwargs)
         cfg = TrainConfig.from_overrides(kwargs, family=self.family)
-        # several GPUs outside torchrun: one process per GPU (distributed/launch.py), each running this method
-        from libreyolo.distributed.launch import spawn_ddp_train, spawn_plan
+        # several GPUs outside torchrun: one process per GPU (launch.py), each running this method
+        from libreyolo.launch import spawn_ddp_train, spawn_plan
 
         plan = spawn_plan(cfg, user_keys)
         if plan is not None:  # a worker's model.train explains its own out-of-memory error; the launcher re-raises
             # it as a DeviceMemoryError naming the rank, which passes through here
             with oom.explained(lambda: oom.train_spec(self, cfg, kwargs.get("batch"))):
                 return spawn_ddp_train(self, kwargs, *plan)
-        trainer = Trainer(self, cfg, user_keys)
+        trainer = Trainer(self, cfg, user_keys, run_extensions(cfg))
         with oom.explained(lambda: oom.train_spec(self, trainer.cfg, kwargs.get("batch"))):
             metrics = trainer.train()
         self.adopt_run(trainer.s.run_dir, metrics)
@@ -171,3 +171,13 @@ class LibreYOLO:
         n = sum(p.numel() for p in self.net.parameters())
         state = "trained" if self.trained else "untrained"
         return f"LibreYOLO({self.model_name}, {self.nc} classes, {n / 1e6:.2f}M params, {state})"
+
+
+def run_extensions(cfg: TrainConfig) -> list[Any]:
+    """What a run attaches to its trainer: the profiler's window with profile=true (imported only then: profile=false
+    costs nothing)."""
+    if not cfg.profile:
+        return []
+    from libreyolo.profiler import attach
+
+    return [attach]

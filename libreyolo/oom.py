@@ -200,7 +200,7 @@ def _top_up(facts: OomFacts, device: torch.device | None) -> None:
             facts.allocated = torch.cuda.memory_allocated(device)
     except RuntimeError:  # a device whose context the failure broke: the message's figures are all there is
         pass
-    from libreyolo.profiler.gpuprocs import other_processes
+    from libreyolo.gpuprocs import other_processes
 
     try:
         procs = other_processes(device)

@@ -327,8 +327,8 @@ def test_two_cpu_ranks_share_one_ram_cache_and_remove_it(tiny_data, tmp_path, sh
     import subprocess
     import sys
 
-    from libreyolo.distributed.launch import CPU_WORLD_ENV, SPAWNED_ENV
     from libreyolo.events import read_events
+    from libreyolo.launch import CPU_WORLD_ENV, SPAWNED_ENV
 
     root = _copy(tiny_data, tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", SPAWNED_ENV)}

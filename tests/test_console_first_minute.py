@@ -8,9 +8,10 @@ import sys
 import time
 
 import pytest
+import torch  # noqa: F401  (imported here: the form's load in these tests is the fixture's sleep alone)
 from conftest import run_start_event
 
-import libreyolo.families
+import libreyolo.api
 from libreyolo_console import app as console_app
 from libreyolo_console.app import ConsoleApp, main
 from libreyolo_console.runs import LIVE
@@ -31,13 +32,13 @@ def _own_settings(tmp_path, monkeypatch):
 @pytest.fixture
 def slow_import(monkeypatch):
     """The form's heavy import takes LOAD_S seconds, deterministically (torch is already imported here)."""
-    real = libreyolo.families.model_names
+    real = libreyolo.api.model_names
 
     def slow() -> list[str]:
         time.sleep(LOAD_S)
         return real()
 
-    monkeypatch.setattr(libreyolo.families, "model_names", slow)
+    monkeypatch.setattr(libreyolo.api, "model_names", slow)
 
 
 async def until(pilot, pred, what: str, timeout: float = 20.0) -> None:
@@ -138,10 +139,11 @@ def test_main_prints_the_reattach_command_after_the_terminal_is_restored(tmp_pat
 
 
 def test_the_first_paint_does_not_wait_for_torch():
-    """Everything the run list needs imports without torch (the form's modules follow in a thread)."""
+    """Everything the run list needs imports without torch or OpenCV (the face, libreyolo.api, loads neither; the
+    form's modules follow in a thread)."""
     import subprocess
 
-    code = "import sys, libreyolo_console.app; print([m for m in ('torch', 'libreyolo.families') if m in sys.modules])"
+    code = "import sys, libreyolo_console.app; print([m for m in ('torch', 'cv2') if m in sys.modules])"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -260,7 +262,7 @@ def test_empty_panels_say_what_would_fill_them(device):
 def test_the_demo_profiles_a_window_when_a_gpu_is_there(tmp_path, monkeypatch, tiny_data, cuda):
     """On a GPU the demo fills every panel: its form suggests profile=true (spelled out in the command);
     a dataset of the user's own goes back to the trainer's defaults. Without CUDA nothing changes."""
-    monkeypatch.setattr(console_app, "load_form", lambda: (libreyolo.families.model_names(), cuda))
+    monkeypatch.setattr(console_app, "load_form", lambda: (libreyolo.api.model_names(), cuda))
 
     async def run() -> None:
         app = ConsoleApp(project=tmp_path / "runs", gpu_interval=0.5)

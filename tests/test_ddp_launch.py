@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from libreyolo import LibreYOLO
-from libreyolo.distributed.launch import CPU_WORLD_ENV, GUARD_MESSAGE, SPAWNED_ENV
 from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.events import read_events, validate_event
+from libreyolo.launch import CPU_WORLD_ENV, GUARD_MESSAGE, SPAWNED_ENV
 
 TAG = "LIBREYOLO_TEST_TAG"
 TINY = dict(epochs=1, imgsz=64, batch=4, workers=0, device="cpu")

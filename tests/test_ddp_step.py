@@ -28,10 +28,10 @@ from libreyolo.data.config import list_images, load_data_config
 from libreyolo.data.dataset import YOLODataset, collate
 from libreyolo.data.labels import scan_labels
 from libreyolo.distributed import context
-from libreyolo.distributed.launch import free_port
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import EagerStep
 from libreyolo.families import get_family
+from libreyolo.launch import free_port
 
 B = 2  # per-rank batch; the reference process trains at 2 * B
 WORLD = 2

@@ -9,9 +9,9 @@ import pytest
 from libreyolo import LibreYOLO
 from libreyolo.config import TrainConfig
 from libreyolo.distributed.context import split_batch
-from libreyolo.distributed.launch import CPU_WORLD_ENV, GUARD_MESSAGE, SPAWNED_ENV, DistributedError, spawn_plan
 from libreyolo.engine.autobatch import default_batch, fit_batch
 from libreyolo.errors import ConfigError
+from libreyolo.launch import CPU_WORLD_ENV, GUARD_MESSAGE, SPAWNED_ENV, DistributedError, spawn_plan
 
 GiB = 2**30
 
@@ -108,7 +108,7 @@ def test_family_without_ddp_support_names_the_alternative(cpu_world_2, tiny_data
 
 
 def test_launcher_settles_batch_minus_one_before_the_workers_on_cpu(tiny_data, capsys):
-    from libreyolo.distributed.launch import _parent_batch
+    from libreyolo.launch import _parent_batch
 
     cfg = TrainConfig.from_overrides({"data": str(tiny_data), "device": "cpu", "batch": -1})
     assert _parent_batch(LibreYOLO("LibreYOLO9t"), cfg, {"data", "device", "batch"}, [], 3) == default_batch(3) == 15

@@ -116,8 +116,8 @@ def test_eager_step_trains_as_the_plain_pytorch_loop(name):
     from libreyolo.config import TrainConfig
     from libreyolo.engine.components import build_step_parts
     from libreyolo.engine.ema import ModelEMA
-    from libreyolo.engine.step import normalize
     from libreyolo.families import get_family
+    from libreyolo.nn.inputs import normalize
 
     torch.manual_seed(0)
     family = get_family("yolo9")

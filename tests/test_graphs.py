@@ -9,9 +9,9 @@ from conftest import FAST
 
 from libreyolo import LibreYOLO
 from libreyolo import events as ev
+from libreyolo.amp import resolve_amp
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim
-from libreyolo.engine.amp import resolve_amp
 from libreyolo.engine.capturable import CapturableUpdate
 from libreyolo.engine.checkpoint import FORMAT, load_checkpoint, save_atomic
 from libreyolo.engine.flat import FlatParams

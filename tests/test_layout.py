@@ -1,5 +1,7 @@
-"""The house rules ARCHITECTURE.md states, checked: libreyolo's modules form no import circle, and no module
-outside a family's folder names that family's loss terms."""
+"""The house rules docs/architecture.md states, checked: libreyolo's modules form no import circle, its top-level
+modules and packages stand in layers that only import downwards, the console imports nothing of libreyolo but its
+torch-free face (libreyolo.api), which loads no torch, and no module outside a family's folder names that family's
+loss terms."""
 
 from __future__ import annotations
 
@@ -120,15 +122,95 @@ def test_no_module_outside_rtdetr_names_its_loss_terms():
     assert pattern.search((ROOT / "libreyolo/families/rtdetr/__init__.py").read_text())
 
 
-def test_the_family_registry_imports_neither_torchvision_nor_scipy():
-    """Every run loads the registry (model names, keys); torchvision (~2 s) and scipy are imported only by the
-    families that use them, when they build or match."""
+def _loaded_after(code: str, modules: set[str]) -> list[str]:
+    """Which of `modules` a fresh interpreter has loaded after running `code`."""
     import subprocess
     import sys
 
-    code = (
-        "import sys\nfrom libreyolo.families import families\nfamilies()\n"
-        "print(sorted({'torchvision', 'scipy'} & set(sys.modules)))"
-    )
+    code += f"\nimport sys\nprint(sorted(set({sorted(modules)!r}) & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300).stdout
-    assert out.split()[-1] == "[]", out
+    return __import__("ast").literal_eval(out.splitlines()[-1])
+
+
+def test_the_family_registry_and_the_face_load_no_torch():
+    """The registry (model names, keys), the training keys and the whole face (libreyolo.api) are read by --help, the
+    console and every run's start without torch, torchvision (~2 s), scipy or OpenCV: each family's implementation
+    is imported when it builds or trains."""
+    heavy = {"torch", "torchvision", "scipy", "cv2"}
+    assert _loaded_after("from libreyolo.families import families\nfamilies()", heavy) == []
+    code = (
+        "import libreyolo.api as a\na.model_names()\na.TrainConfig.spec()\na.parse_kv(['model=LibreYOLOXs', 'box=2'])"
+    )
+    assert _loaded_after(code, heavy) == []
+
+
+# libreyolo's top-level modules and packages, bottom layer first: a unit imports only from its own layer or below
+LAYERS = (
+    {"errors", "keys", "tasks", "eta"},
+    {"events", "runs", "render", "tblog", "nn", "amp", "data", "distributed", "gpuprocs"},
+    {"families"},
+    {"config"},
+    {"eval"},
+    {"engine"},
+    {"oom", "profiler", "predict", "predict_cls", "launch"},
+    {"model"},
+    {"bench", "cli", "api"},
+)
+# libreyolo/__init__.py hands on LibreYOLO lazily (libreyolo.model, on first access) and the version; `from libreyolo
+# import LibreYOLO` is an import of the model
+PACKAGE_NAMES = {"__version__": "errors", "LibreYOLO": "model"}
+
+
+def unit_graph() -> dict[str, dict[str, list[str]]]:
+    """top-level unit -> the units it imports -> the files that do (every import, also those inside functions)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for f in (ROOT / "libreyolo").rglob("*.py"):
+        rel = f.relative_to(ROOT / "libreyolo").with_suffix("").parts
+        if rel == ("__init__",):
+            continue
+        src = rel[0]
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods: list[str] = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [f"libreyolo.{a.name}" for a in node.names] if node.module == "libreyolo" else [node.module]
+            for m in mods:
+                parts = m.split(".")
+                if parts[0] != "libreyolo" or len(parts) < 2:
+                    continue
+                dst = PACKAGE_NAMES.get(parts[1], parts[1])
+                if dst != src:
+                    out.setdefault(src, {}).setdefault(dst, []).append(str(f.relative_to(ROOT)))
+    return out
+
+
+def test_top_level_units_import_only_downwards_and_form_no_circle():
+    layer = {u: i for i, units in enumerate(LAYERS) for u in units}
+    graph = unit_graph()
+    assert "eval" in graph["engine"] and "model" in graph["cli"]  # the walk saw the imports
+    unplaced = sorted(set(graph) - set(layer))
+    assert not unplaced, f"place these in LAYERS: {unplaced}"
+    upward = [
+        f"{src} (layer {layer[src]}) imports {dst} (layer {layer.get(dst)}) in {files[0]}"
+        for src, deps in graph.items()
+        for dst, files in deps.items()
+        if layer.get(dst, len(LAYERS)) > layer[src]
+    ]
+    assert upward == []
+    assert circles({u: set(d) for u, d in graph.items()} | {u: set() for u in layer if u not in graph}) == []
+    # the face is for what runs outside the library: nothing inside it leans on it
+    assert not [src for src, deps in graph.items() if "api" in deps]
+
+
+def test_the_console_imports_only_the_face():
+    found = []
+    for f in (ROOT / "console").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            found += [
+                f"{f.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "libreyolo" and n != "libreyolo.api"
+            ]
+    assert found == []

@@ -195,7 +195,7 @@ def test_resumed_run_that_runs_out_of_memory_leaves_last_pt_untouched(tiny_data,
 
 def test_a_ddp_ranks_error_comes_back_as_the_same_clear_error(tmp_path):
     """The spawn launcher re-raises a rank's LibreYOLOError by its class name in libreyolo.errors."""
-    from libreyolo.distributed import launch
+    from libreyolo import launch
 
     spec = oom.RunSpec("training", "LibreYOLO9t", 64, 640, "0,1", world_size=2)
     text = oom.explain(torch.OutOfMemoryError(FULL), spec)

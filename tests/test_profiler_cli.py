@@ -81,7 +81,7 @@ def test_run_repeat_writes_trials_and_stops_without_a_finished_checkpoint(repeat
 
 
 def test_repeat_prints_how_many_trials_gave_each_verdict_and_the_step_time_spread(monkeypatch, capsys):
-    import libreyolo.profiler.run as run
+    import libreyolo.cli.profile_run as run
 
     def trial(verdict, step_ms):
         return {"run_dir": f"prof_{step_ms}", "verdict": verdict, "step_ms": step_ms, "img_s": 1000 / step_ms}

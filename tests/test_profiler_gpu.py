@@ -3,8 +3,8 @@ five trials, each a new run with its own warmup and window, one after another in
 required to give its verdict in 5 of 5 trials.
 
 Why not a fresh process per trial (the `--repeat` default): on the H200 machine importing libreyolo's training path
-takes 5.2 s and a CUDA context about 1 s more (docs/performance.md, "Where the start goes"): about 3 minutes over
-30 trials on top of the estimate below, past this file's 8-minute budget. A case's trials share its CUDA context
+takes 5.2 s and a CUDA context about 1 s more (docs/performance-archive.md, "Where the start goes"): about 3 minutes
+over 30 trials on top of the estimate below, past this file's 8-minute budget. A case's trials share its CUDA context
 and cuDNN's autotuning cache; each trial's warmup is before its window either way, and the CPU tests check the
 fresh mode.
 
@@ -16,7 +16,7 @@ is full and who fills it, the verdict comes from the step's own figures).
 
 Run on the device machine: python -m pytest -m gpu tests/test_profiler_gpu.py -s -v
 Each case prints its verdict counts, the step time spread and the first trial's figures, for docs/performance.md.
-Device time: about 7 minutes on one H200, estimated (docs/performance.md, "Six cases, five trials each")."""
+Device time: about 7 minutes on one H200, estimated (docs/performance-archive.md, "Six cases, five trials each")."""
 
 import importlib.util
 import json

@@ -215,7 +215,7 @@ def test_host_bound_after_cuda_graph_true_tries_full_where_the_family_supports_i
 
 
 def test_a_smaller_batch_is_tried_only_after_churn_or_an_oom():
-    from libreyolo.profiler.run import lever_refusal
+    from libreyolo.cli.profile_run import lever_refusal
 
     quiet = {"free_per_step": 0.0, "alloc_retries": 0, "ooms": 0, "malloc_per_step": 36.8}
     assert "only after allocator churn or an OOM" in lever_refusal(MEMORY, {"batch": 32}, quiet, 0)
@@ -229,7 +229,7 @@ def test_a_smaller_batch_is_tried_only_after_churn_or_an_oom():
 
 
 def test_try_says_plainly_when_the_lever_did_not_help(monkeypatch, tmp_path):
-    from libreyolo.profiler import run
+    from libreyolo.cli import profile_run as run
 
     def fake_trials(overrides, base, repeat, prefix, fresh=True):
         img_s = 330.0 if prefix == "try" else 334.0
@@ -329,7 +329,7 @@ def test_other_processes_come_from_nvml_without_this_one(monkeypatch):
 
     import torch
 
-    from libreyolo.profiler import gpuprocs
+    from libreyolo import gpuprocs
 
     props = SimpleNamespace(uuid="1234-abcd", pci_domain_id=0, pci_bus_id=1, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)

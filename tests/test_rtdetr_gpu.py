@@ -23,7 +23,7 @@ def test_backbone_and_encoder_graph_replays_what_eager_computes():
     eager backward's weight gradients, for the same weights and input. (Whole-step trajectories are not compared:
     grid_sample's backward adds with atomics and the Hungarian matching turns those last bits into different
     assignments.) The network input gets no captured input gradient."""
-    from libreyolo.engine.step import normalize
+    from libreyolo.nn.inputs import normalize
 
     cfg = _cfg()
     data, nc = _batch_on_device(cfg, cfg.batch, DEV)

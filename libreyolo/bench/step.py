@@ -243,7 +243,7 @@ def _single_rank_group(device_spec: str) -> Any:
     import os
 
     from libreyolo.distributed import context
-    from libreyolo.distributed.launch import free_port
+    from libreyolo.launch import free_port
 
     if "RANK" not in os.environ:
         os.environ.update(
@@ -310,7 +310,7 @@ def run(argv: list[str]) -> int:
         r["speedup_vs_eager"] = base / r["median_ms"] if base else None
         if r["mode"].endswith(" ddp"):  # what the all-reduce (and the DDP bookkeeping) adds to the same step
             r["ddp_overhead"] = r["median_ms"] / plain[r["mode"].removesuffix(" ddp")] - 1.0
-    from libreyolo.engine.amp import resolve_amp
+    from libreyolo.amp import resolve_amp
 
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)  # what the steps ran in (on a CPU: float32, whatever amp says)
     meta = {

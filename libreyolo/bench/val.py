@@ -82,12 +82,12 @@ def bench_val(
     graph: bool | None = None,
 ) -> dict[str, Any]:
     from libreyolo import LibreYOLO
+    from libreyolo.amp import resolve_amp
     from libreyolo.data.config import list_images, load_data_config
     from libreyolo.data.dataset import YOLODataset, capacity
     from libreyolo.data.labels import scan_labels
     from libreyolo.data.loader import ValLoader, cpu_count, default_workers
     from libreyolo.distributed.device import first_device
-    from libreyolo.engine.amp import resolve_amp
     from libreyolo.errors import DataError
     from libreyolo.eval.graphed import EvalGraph
     from libreyolo.eval.validator import Stages, start_validation, to_input

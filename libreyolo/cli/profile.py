@@ -93,7 +93,7 @@ def _print_json(data: Any) -> None:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from libreyolo.profiler.run import run_profile, verdict_counts
+    from libreyolo.cli.profile_run import run_profile, verdict_counts
 
     a = _run_parser().parse_intermixed_args(argv)  # key=value pairs may come before or after the flags
     if a.repeat < 1 or a.steps < 1 or a.warmup < 0:

@@ -16,7 +16,7 @@ persistent workers resets it; releasing the workers shuts it down).
 With `to_device` keys the thread also copies those tensors to the GPU, on a stream of its own, as soon as a batch is
 staged: the copy (19.7 MB, ~0.5 ms at batch 16, 640 px on an H200) then runs beside the steps queued before it
 instead of between two of them on the training stream, where it cost a whole-step graph 0.43 ms a step
-(benchmarks/h2d_copy.py, docs/performance.md). The caller's stream waits for that copy's event when it takes the
+(docs/performance-archive.md, thirteenth session). The caller's stream waits for that copy's event when it takes the
 batch, and a slot's device buffers are reused under the same event as its page-locked ones.
 """
 

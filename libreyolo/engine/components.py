@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.amp import AmpPolicy, make_scaler, resolve_amp
 from libreyolo.engine import optim
-from libreyolo.engine.amp import AmpPolicy, make_scaler, resolve_amp
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import EagerStep

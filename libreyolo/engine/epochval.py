@@ -68,7 +68,7 @@ def start_val_workers(val_loader: ValLoader, device: torch.device, is_main: bool
     the first epoch validates). Forked there, before the warm-up, they cost the start their own fork only. Forked
     beside the warm-up's backward instead, the forks held that backward (the start's critical path) 0.3 s longer;
     in the first epoch's prefetch they held the loop until the GPU ran out of queued steps for 0.17 s
-    (benchmarks/start_variants.py, benchmarks/seam_gaps.py, docs/performance.md)."""
+    (docs/performance-archive.md, 2026-12-03 and 2026-12-04)."""
     if device.type == "cuda" and is_main and due and val_loader.persistent_workers:
         val_loader.prefetch()
 

@@ -25,8 +25,9 @@ import torch
 from libreyolo import events as ev
 from libreyolo.engine.capturable import CapturableUpdate
 from libreyolo.engine.graphs import GraphRunner, Shape
-from libreyolo.engine.step import EagerStep, Phases, TrainCounters, normalize
+from libreyolo.engine.step import EagerStep, Phases, TrainCounters
 from libreyolo.nn import streams
+from libreyolo.nn.inputs import normalize
 
 
 class _FullGraph:

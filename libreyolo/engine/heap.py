@@ -4,8 +4,8 @@ A full (generation 2) collection walks every tracked object while holding the in
 race on the H200 machine (~270,000 objects in the heap) one took 57-119 ms and one ran every 3-5 s: four during the
 start (while torch is imported and the run set up, 0.31 s together), then through the epochs in whichever thread
 allocated (the checkpoint writer's pickling, the validation's results, the loop). The training loop, which needs the
-lock to queue each step, waited meanwhile: after an epoch's seam benchmarks/seam_gaps.py saw the GPU idle for 101 ms
-beside a 68 ms collection in the checkpoint writer's thread (docs/performance.md).
+lock to queue each step, waited meanwhile: after an epoch's seam a trace saw the GPU idle for 101 ms
+beside a 68 ms collection in the checkpoint writer's thread (docs/performance-archive.md, 2026-12-03).
 
 So a run holds automatic collections through its start (held_collections; the `libreyolo train` command from its
 first import on) and runs its epochs on a frozen heap (gc.freeze): what existed then is never walked again, and the

@@ -24,8 +24,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from libreyolo.distributed.context import DistContext
-from libreyolo.engine.step import EagerStep, normalize
+from libreyolo.engine.step import EagerStep
 from libreyolo.families.base import LossFn
+from libreyolo.nn.inputs import normalize
 
 MAX_EXP = 24  # 2**24: far above any scale a real network's gradients fit under in float16
 FP16_MAX = 65504.0

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from libreyolo import events as ev
+from libreyolo.amp import AmpPolicy, resolve_amp
 from libreyolo.config import TrainConfig
 from libreyolo.data.cache import open_image_cache
 from libreyolo.data.classify import ClassifyDataset
@@ -32,7 +33,6 @@ from libreyolo.data.splits import scan_class_split, scan_split
 from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim, passes
-from libreyolo.engine.amp import AmpPolicy, resolve_amp
 from libreyolo.engine.bytecode import uncached_bytecode_note
 from libreyolo.engine.checkpoint import load_checkpoint, remove_stale_temporaries, resolve_resume_path
 from libreyolo.engine.components import build_step_parts, overlap_wanted

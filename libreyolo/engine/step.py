@@ -17,6 +17,7 @@ from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.overlap import PendingBackward
 from libreyolo.families.base import LossFn
+from libreyolo.nn.inputs import normalize
 
 PHASES = ("data", "to_device", "forward", "loss", "backward", "optimizer", "ema")
 
@@ -70,12 +71,6 @@ class StepRunner(Protocol):
 
     def close(self) -> None:
         """The run is over: give back the graphs and memory pools the runner holds."""
-
-
-def normalize(img: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, H, W, 3) -> float (B, 3, H, W) in [0, 1], on the device: the host only ever moves bytes."""
-    x = img.permute(0, 3, 1, 2).float().div_(255.0)
-    return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def train_forward(

@@ -6,7 +6,7 @@ import functools
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,16 @@ HEARTBEAT_S = 10.0
 
 
 class Trainer:
-    def __init__(self, model: Any, cfg: TrainConfig, user_keys: set[str]):
-        self.model, self.cfg, self.user_keys = model, cfg, user_keys
+    def __init__(
+        self,
+        model: Any,
+        cfg: TrainConfig,
+        user_keys: set[str],
+        on_start: Sequence[Callable[[Trainer], None]] = (),
+    ):
+        """on_start: called with the trainer once the run is set up, before its first step (the profiler attaches its
+        window so: the engine never imports the profiler, which sits above it)."""
+        self.model, self.cfg, self.user_keys, self.on_start = model, cfg, user_keys, tuple(on_start)
         self.phases = NO_PHASES  # the profiler swaps this for its window, then puts it back
         self.best_fitness: float | None = None
         self.best_metrics: dict[str, float] = {}
@@ -99,10 +107,8 @@ class Trainer:
             self._probe_scale = s.amp.scaler and not s.resumed
             if self._probe_scale and s.warm_scale is not None:  # the warm-up read it off the first batch
                 self._start_loss_scale(None, None, None)
-            if self.cfg.profile:
-                from libreyolo.profiler import attach  # imported only when asked: profile=false costs nothing
-
-                attach(self)
+            for start in self.on_start:  # what the caller attached (the profiler's window, with profile=true)
+                start(self)
             with frozen_heap():
                 ended = self._epochs()
             self.writer.drain(wait=True)  # a failed write fails the run

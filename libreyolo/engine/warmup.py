@@ -1,7 +1,7 @@
 """Kernel warm-up: a process's first training forward and backward, on a copy of the train net, early in the setup.
 
 A CUDA process's first pass costs ~1.1-1.4 s more than its next ones (H200, LibreYOLO9t, batch 16, 640 px,
-float16: benchmarks/first_pass.py, docs/performance.md): cuDNN builds an execution plan per convolution shape,
+float16: docs/performance-archive.md, 2026-12-02): cuDNN builds an execution plan per convolution shape,
 and kernels load on first use; the first call of a detection loss loads its own kernels too. As soon as the train
 net is on the GPU, the setup runs one forward and loss of a copy of it on its own thread, then that pass's backward
 in a thread while it builds the optimizer, EMA, step runner and validation. The batch is the run's first one, read
@@ -17,7 +17,7 @@ Why split so:
 - The forward and the loss are Python calling one op after another; beside the setup's own Python (the deep
   copies) they would wait for the interpreter lock. The backward runs in autograd's engine without it.
 Kernels once loaded serve the whole process. On the H200 the run's first forward then took 39-58 ms instead of
-210-336 ms after a warm-up run wholly in a thread (docs/performance.md, eighth session).
+210-336 ms after a warm-up run wholly in a thread (docs/performance-archive.md, eighth session).
 
 The pass leaves no trace. Its gradients and activations are dropped, and so is the copy (but for the detector
 inside it, which the background validation takes over: take_copy). The random generators are restored around the

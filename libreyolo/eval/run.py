@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from libreyolo.amp import resolve_amp
 from libreyolo.config import TrainConfig, resolve_multi_label, unknown_key_message
 from libreyolo.data.classify import ClassifyDataset
 from libreyolo.data.config import list_images, load_data_config
@@ -14,7 +15,6 @@ from libreyolo.data.folders import load_classify_config, scan_classes
 from libreyolo.data.labels import scan_labels
 from libreyolo.data.loader import cpu_count, default_workers, val_loader
 from libreyolo.distributed.device import parse_device
-from libreyolo.engine.amp import resolve_amp
 from libreyolo.errors import ConfigError, DataError
 from libreyolo.eval.validator import validate
 

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from libreyolo.data.dataset import YOLODataset
-from libreyolo.engine.step import normalize
 from libreyolo.eval.coco import CocoAccumulator, EvalProcess
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.topk import start_topk_validation
+from libreyolo.nn.inputs import normalize
 
 # COCO evaluations run one at a time: two at once would double their memory and share one interpreter lock
 _EVAL_LOCK = threading.Lock()

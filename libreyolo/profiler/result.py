@@ -10,8 +10,8 @@ import torch
 from libreyolo.data.cpus import cpu_count
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
 from libreyolo.engine.step import PHASES
+from libreyolo.gpuprocs import other_processes
 from libreyolo.profiler.analysis import Trace, analyze_trace
-from libreyolo.profiler.gpuprocs import other_processes
 from libreyolo.profiler.verdict import decide
 from libreyolo.profiler.window import Window
 

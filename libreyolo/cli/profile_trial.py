@@ -1,4 +1,4 @@
-"""One `profile run` trial in a fresh Python process: `python -m libreyolo.profiler.trial OVERRIDES PROJECT NAME`.
+"""One `profile run` trial in a fresh Python process: `python -m libreyolo.cli.profile_trial OVERRIDES PROJECT NAME`.
 
 `--repeat N` runs each of its N trials here, so that no trial inherits what an earlier one left in the process:
 the CUDA context, cuDNN's autotuning cache, the caching allocator's segments, loader worker processes, imported
@@ -14,8 +14,8 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     from libreyolo import oom
+    from libreyolo.cli.profile_run import profile_once
     from libreyolo.errors import LibreYOLOError
-    from libreyolo.profiler.run import profile_once
 
     if len(argv) != 3:
         sys.stderr.write(__doc__.splitlines()[0] + "\n")

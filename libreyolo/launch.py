@@ -172,9 +172,9 @@ def _resumed_device(cfg: TrainConfig) -> str | None:
 def _parent_batch(model: Any, cfg: TrainConfig, user_keys: set[str], gpus: list[int], nprocs: int) -> int:
     """The global batch, settled before any worker exists: autobatch probes here (one GPU, a throwaway copy of
     the network), and a batch the world size does not divide fails now rather than in every worker."""
+    from libreyolo.amp import resolve_amp
     from libreyolo.data.config import load_data_config
     from libreyolo.engine import autobatch
-    from libreyolo.engine.amp import resolve_amp
 
     data = load_data_config(cfg.data)  # also generates the built-in dataset once, not once per worker
     cfg.fill_unset(data.suggested, user_keys)  # as setup will: the dataset's suggestions (batch, imgsz)

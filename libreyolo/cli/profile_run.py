@@ -50,6 +50,7 @@ def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: 
     """Train with profile=true until the window is measured; return the validated profile.json."""
     from libreyolo import LibreYOLO
     from libreyolo.engine.trainer import Trainer
+    from libreyolo.profiler import attach
 
     kwargs = {**overrides, **PROFILE_RUN_KEYS, "project": str(project), "name": name, "exist_ok": exist_ok}
     kwargs.setdefault("model", "LibreYOLO9t")
@@ -57,7 +58,7 @@ def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: 
     cfg = TrainConfig.from_overrides(kwargs, family=model.family)
     stop = _StopWhenProfiled()
     cfg.callbacks = [*cfg.callbacks, stop]
-    trainer = Trainer(model, cfg, set(kwargs))
+    trainer = Trainer(model, cfg, set(kwargs), [attach])
     stop.trainer = trainer
     try:
         trainer.train()
@@ -77,7 +78,7 @@ def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: 
 
 
 def fresh_trial(overrides: dict[str, Any], project: Path, name: str) -> tuple[dict[str, Any], int]:
-    """profile_once in a new Python process (libreyolo/profiler/trial.py); -> (profile.json, that process's pid).
+    """profile_once in a new Python process (libreyolo/cli/profile_trial.py); -> (profile.json, that process's pid).
 
     Its output goes where this process's stdout goes (stderr under --json); it imports the libreyolo this process
     runs, whatever the working directory."""
@@ -86,7 +87,7 @@ def fresh_trial(overrides: dict[str, Any], project: Path, name: str) -> tuple[di
     env = dict(os.environ)
     root = str(Path(libreyolo.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "libreyolo.profiler.trial", json.dumps(overrides), str(project), name]
+    cmd = [sys.executable, "-m", "libreyolo.cli.profile_trial", json.dumps(overrides), str(project), name]
     try:
         out: Any = sys.stdout if sys.stdout.fileno() >= 0 else None
     except (AttributeError, OSError, ValueError):  # a stdout without a file descriptor (captured): relay the text
