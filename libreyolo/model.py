@@ -9,12 +9,13 @@ from typing import Any
 from torch import nn
 
 from libreyolo import oom
-from libreyolo.config import TrainConfig, resolve_multi_label
+from libreyolo.config import TrainConfig
 from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic
 from libreyolo.engine.snapshot import snapshot
 from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families import Family, get_family, model_names, parse_model_name
+from libreyolo.tasks import get_task
 
 
 class LibreYOLO:
@@ -134,7 +135,7 @@ class LibreYOLO:
         self.last_run = run_dir
 
     def val(self, data: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        from libreyolo.eval.run import run_val
+        from libreyolo.val import run_val
 
         with oom.explained(lambda: oom.val_spec(self, kwargs)):
             return run_val(self, data, **kwargs)
@@ -155,17 +156,8 @@ class LibreYOLO:
         image) whose `skipped` lists the files that could not be read. multi_label auto is false here (one class
         per box); val() uses true: pass the same value to both to reproduce val's mAP from these detections.
         A classifier returns `ClassResults` instead: its top-k classes and probabilities, k = top_k."""
-        if self.family.task == "classify":  # top-k classes instead of boxes
-            from libreyolo.predict_cls import run_classify
-
-            k = TrainConfig.parse_value("max_det", top_k)
-            return run_classify(self, source, TrainConfig.parse_value("device", device), imgsz or self.imgsz, k)
-        from libreyolo.predict import run_predict
-
-        kw = {"conf": conf, "iou": iou, "imgsz": imgsz or self.imgsz, "device": device, "max_det": max_det}
-        kw = {k: TrainConfig.parse_value(k, v) for k, v in {**kw, "multi_label": multi_label}.items()}
-        kw["multi_label"] = resolve_multi_label(kw["multi_label"], "predict")
-        return run_predict(self, source, **kw)
+        task = get_task(self.family.task).implementation()
+        return task.predict(self, source, conf, iou, imgsz or self.imgsz, device, max_det, multi_label, top_k)
 
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.net.parameters())

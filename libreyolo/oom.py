@@ -135,7 +135,7 @@ def val_spec(model: Any, kwargs: dict[str, Any]) -> RunSpec:
     from libreyolo.config import TrainConfig
 
     cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs}, family=model.family)
-    batch = 16 if cfg.batch == -1 else cfg.batch  # as eval/run.py: validation has no autobatch
+    batch = 16 if cfg.batch == -1 else cfg.batch  # as val.py: validation has no autobatch
     return RunSpec("validating", model.model_name, batch, int(cfg.imgsz), str(cfg.device), flags=NO_AUTOBATCH)
 
 

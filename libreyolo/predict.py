@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -112,9 +113,8 @@ def read_batches(source: Any, batch: int, results: Predictions) -> Iterator[list
             img, why = (arr, "") if arr is not None else _read(str(path))
             if img is None:
                 results.skipped.append((str(path), why))
-                # stacklevel: this generator, run_predict / run_classify, their no_grad wrapper, model.predict,
-                # then the caller of model.predict, whose line the warning shows
-                warnings.warn(f"{path}: skipped, the image cannot be read ({why})", UnreadableImageWarning, 5)
+                # the warning shows the line that called into libreyolo (past torch's no_grad wrapper too)
+                warnings.warn(f"{path}: skipped, the image cannot be read ({why})", UnreadableImageWarning, _caller())
                 continue
             ok.append((path, img))
         if ok:
@@ -160,3 +160,13 @@ def run_predict(
         for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas, strict=True):
             results.append(Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img))
     return results
+
+
+def _caller() -> int:
+    """The stacklevel (for warnings.warn called where this is called) of the first frame outside libreyolo and torch:
+    the user's line, however many of the library's own frames lie between."""
+    inside = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level

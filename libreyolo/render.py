@@ -55,7 +55,7 @@ class RichRenderer:
     def _on_run_start(self, e: ev.RunStart) -> None:
         self._epochs, self._terms = e.epochs, list(e.loss_terms)
         task = TASKS.get(e.task)
-        self._detect = e.task == DETECT.name  # only detection has mosaic epochs to tell apart
+        self._detect = task.mosaic if task is not None else True  # a task with mosaic epochs tells them apart
         self._labels = {m: task.label(m) if task else m for m in e.metrics}
         self._eta.reset()  # a resumed process warms up again
         c = self.console

@@ -1,5 +1,5 @@
 """Run folders: runs/train/exp, exp2, ...; args.yaml; results.csv with the Ultralytics column names (the metric
-columns are the task's: libreyolo/tasks.py)."""
+columns are the task's: libreyolo/tasks/)."""
 
 from __future__ import annotations
 

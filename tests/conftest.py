@@ -129,3 +129,15 @@ def overfit_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 FAST = dict(imgsz=64, batch=8, workers=0, warmup_epochs=0, device="cpu", val=True)
 # no augmentation at all: the over-fit tests train on the images as they are
 NO_AUG = dict(mosaic=0, degrees=0, shear=0, scale=0, translate=0, fliplr=0, hsv_h=0, hsv_s=0, hsv_v=0)
+
+
+def patch_task(monkeypatch, name: str, **changes):
+    """Run this test with the task's implementation changed (a dataset class, a validation wrapped): the task's
+    TaskImpl with `changes`, until the test ends. -> the original implementation."""
+    import dataclasses
+
+    import libreyolo.tasks as tasks
+
+    real = tasks.get_task(name).implementation()
+    monkeypatch.setitem(tasks._IMPLS, name, dataclasses.replace(real, **changes))
+    return real

@@ -150,12 +150,17 @@ LAYERS = (
     {"events", "runs", "render", "tblog", "nn", "amp", "data", "distributed", "gpuprocs"},
     {"families"},
     {"config"},
-    {"eval"},
+    {"eval", "predict", "predict_cls"},
+    {"tasks.impl"},
     {"engine"},
-    {"oom", "profiler", "predict", "predict_cls", "launch"},
+    {"oom", "profiler", "launch", "val"},
     {"model"},
     {"bench", "cli", "api"},
 )
+# a task's folder holds its description (tasks/<name>/__init__.py, torch-free, at the bottom: the events name tasks) and
+# its implementation (tasks/<name>/impl.py, tasks/base.py), which wires the task's data, validation and predict
+# output together for the engine
+TASK_IMPL = "tasks.impl"
 # libreyolo/__init__.py hands on LibreYOLO lazily (libreyolo.model, on first access) and the version; `from libreyolo
 # import LibreYOLO` is an import of the model
 PACKAGE_NAMES = {"__version__": "errors", "LibreYOLO": "model"}
@@ -168,8 +173,18 @@ def unit_graph() -> dict[str, dict[str, list[str]]]:
         rel = f.relative_to(ROOT / "libreyolo").with_suffix("").parts
         if rel == ("__init__",):
             continue
-        src = rel[0]
-        for node in ast.walk(ast.parse(f.read_text())):
+        src = TASK_IMPL if rel[0] == "tasks" and rel[-1] in ("impl", "base") else rel[0]
+        tree = ast.parse(f.read_text())
+        # imports for annotations only (under `if TYPE_CHECKING:`) are not dependencies at run time
+        typing_only = {
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+            for n in ast.walk(block)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             mods: list[str] = []
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
@@ -180,6 +195,8 @@ def unit_graph() -> dict[str, dict[str, list[str]]]:
                 if parts[0] != "libreyolo" or len(parts) < 2:
                     continue
                 dst = PACKAGE_NAMES.get(parts[1], parts[1])
+                if dst == "tasks" and parts[-1] in ("impl", "base"):
+                    dst = TASK_IMPL
                 if dst != src:
                     out.setdefault(src, {}).setdefault(dst, []).append(str(f.relative_to(ROOT)))
     return out

@@ -112,9 +112,9 @@ def test_api_train_raises_a_clear_error(tiny_data, tmp_path, monkeypatch):
 
 
 def test_api_val_raises_a_clear_error(tiny_data, monkeypatch):
-    from libreyolo.eval import run as eval_run
+    from libreyolo import val as eval_run
 
-    monkeypatch.setattr(eval_run, "validate", _oom)
+    monkeypatch.setattr(eval_run, "resolve_amp", _oom)
     with pytest.raises(DeviceMemoryError) as e:
         LibreYOLO("LibreYOLO9t", nc=3).val(str(tiny_data), batch=8, imgsz=64, device="cpu", workers=0)
     text = str(e.value)

@@ -297,17 +297,17 @@ class SleepyDataset:
 
     @classmethod
     def install(cls, monkeypatch):
-        import libreyolo.engine.setup as setup
+        from conftest import patch_task
 
-        base = setup.YOLODataset
+        from libreyolo.data.dataset import YOLODataset
 
-        class Sleepy(base):
+        class Sleepy(YOLODataset):
             def __getitem__(self, key):
                 if self.augment:
                     time.sleep(cls.delay)
                 return super().__getitem__(key)
 
-        monkeypatch.setattr(setup, "YOLODataset", Sleepy)
+        patch_task(monkeypatch, "detect", dataset=Sleepy)
 
 
 def test_cpu_sleeping_loader_gives_dataloader_and_try_adds_workers(tiny_data, tmp_path, monkeypatch, capsys):

@@ -350,11 +350,12 @@ def test_cudnn_benchmark_auto_times_algorithms_only_for_long_runs(tiny_data, tmp
 def _planted_evaluations(monkeypatch, maps: list[float], seconds: float) -> list[dict]:
     """COCO evaluations that take `seconds` (so they land while the next epoch trains) and return planted mAPs;
     -> the EMA weights each validation started from, in order."""
-    from libreyolo.engine import epochval
+    from conftest import patch_task
+
     from libreyolo.eval.coco import CocoAccumulator
+    from libreyolo.eval.validator import start_validation as real_start
 
     planted, started = list(maps), []
-    real_start = epochval.start_validation
 
     def evaluate(self, workers=1, process=None):
         time.sleep(seconds)
@@ -366,7 +367,7 @@ def _planted_evaluations(monkeypatch, maps: list[float], seconds: float) -> list
         return real_start(net, *args, **kwargs)
 
     monkeypatch.setattr(CocoAccumulator, "evaluate", evaluate)
-    monkeypatch.setattr(epochval, "start_validation", start)
+    patch_task(monkeypatch, "detect", start_validation=start)
     return started
 
 

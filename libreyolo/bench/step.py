@@ -49,24 +49,14 @@ DEFAULTS: dict[str, object] = {"batch": 8, "imgsz": 640}
 
 
 def _batch_on_device(cfg: TrainConfig, batch: int, device: torch.device) -> tuple[dict[str, torch.Tensor], int]:
-    from libreyolo.data.config import list_images, load_data_config
-    from libreyolo.data.dataset import AugmentConfig, YOLODataset, collate
-    from libreyolo.data.labels import scan_labels
+    from libreyolo.data.dataset import AugmentConfig, collate
     from libreyolo.families import parse_model_name
+    from libreyolo.tasks import get_task
 
     parsed = parse_model_name(cfg.model)
-    if parsed is not None and parsed[0].task == "classify":
-        from libreyolo.data.classify import ClassifyDataset
-        from libreyolo.data.folders import load_classify_config, scan_classes
-
-        dc = load_classify_config("shapes")
-        ls = scan_classes(dc.train[0], dc.names)
-        ds = ClassifyDataset(ls, cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed)
-    else:
-        dc = load_data_config(cfg.data)
-        ds = YOLODataset(
-            scan_labels(list_images(dc.train), dc.nc), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed
-        )
+    task = get_task(parsed[0].task if parsed is not None else "detect").implementation()
+    dc = task.load_data(cfg.data)  # "shapes": the task's built-in set (a classifier's: the shapes crops)
+    ds = task.dataset(task.scan(dc, "train", [], True), cfg.imgsz, True, AugmentConfig.from_config(cfg), cfg.seed)
     b = collate([ds[(i, 0, True)] for i in range(batch)])
     return {k: b[k].to(device) for k in ("img", "targets", "mask")}, dc.nc
 

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from libreyolo.cli.args import flag, parse_kv
 from libreyolo.cli.help import show_help
-from libreyolo.eval.run import VAL_KEYS
 from libreyolo.tasks import get_task
+from libreyolo.val import VAL_KEYS
 
 KEYS = VAL_KEYS | {"model", "data"}
 

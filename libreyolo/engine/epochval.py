@@ -30,7 +30,7 @@ from libreyolo.engine.graphs import STABLE_AFTER
 from libreyolo.eval.coco import EvalProcess, load_evaluator
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.threaded import ThreadedValidation
-from libreyolo.eval.validator import PendingValidation, start_validation, to_input
+from libreyolo.eval.validator import PendingValidation, to_input
 from libreyolo.nn.clone import clone
 from libreyolo.runs import append_results, results_columns, results_row
 from libreyolo.tasks import get_task
@@ -80,6 +80,7 @@ class EpochValidations:
         self.fitness: dict[int, float] = {}  # epoch -> fitness, once landed
         self.patience_left = trainer.cfg.patience or math.inf
         s, cfg = trainer.s, trainer.cfg
+        self.task = get_task(s.family.task).implementation()  # the validation of the run's task
         self.source = s.kept_net  # what is validated: the EMA weights, if any
         # on a GPU the validation runs beside the next epoch's steps, which update the source in place: it reads a
         # copy of its own, refreshed at each validation's start; elsewhere it reads the source itself
@@ -107,7 +108,7 @@ class EpochValidations:
         self.multi_label = resolve_multi_label(cfg.multi_label, "val")  # what the validations and the warm-up NMS with
         # steps until _warm_up() starts: once the training step's own graphs are captured (at the STABLE_AFTER-th
         # step, and its other micro/boundary variant within one accumulation window after it)
-        warm = self.background and self.graph is not None and s.family.task == "detect"
+        warm = self.background and self.graph is not None and self.task.warm_validation
         self._warm_in: int | None = STABLE_AFTER + s.accumulate + 1 if warm else None
         self._warm: threading.Thread | None = None
 
@@ -194,7 +195,7 @@ class EpochValidations:
             t0 = time.perf_counter()
 
             def run(background: bool) -> PendingValidation:
-                return start_validation(
+                return self.task.start_validation(
                     self.net,
                     s.family,
                     s.val_loader,

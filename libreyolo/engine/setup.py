@@ -16,10 +16,8 @@ from libreyolo import events as ev
 from libreyolo.amp import AmpPolicy, resolve_amp
 from libreyolo.config import TrainConfig
 from libreyolo.data.cache import open_image_cache
-from libreyolo.data.classify import ClassifyDataset
-from libreyolo.data.config import DataConfig, load_data_config
-from libreyolo.data.dataset import AugmentConfig, YOLODataset
-from libreyolo.data.folders import load_classify_config
+from libreyolo.data.config import DataConfig
+from libreyolo.data.dataset import AugmentConfig
 from libreyolo.data.loader import (
     TrainBatchSampler,
     ValLoader,
@@ -29,7 +27,6 @@ from libreyolo.data.loader import (
     train_loader,
     val_loader,
 )
-from libreyolo.data.splits import scan_class_split, scan_split
 from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim, passes
@@ -233,15 +230,12 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     if dist.world_size > 1 and not trainer.model.family.supports_ddp:
         raise ConfigError(distributed.family_message(trainer.model.family.name, cfg.device, dist.world_size))
 
-    classify = trainer.model.family.task == "classify"  # class folders instead of YOLO labels
+    task = get_task(trainer.model.family.task).implementation()  # how this task's datasets are read and viewed
     with dist.main_first():  # rank 0 generates the built-in dataset and writes label caches; the others reuse them
-        data = (load_classify_config if classify else load_data_config)(cfg.data)
+        data = task.load_data(cfg.data)
         notes += data.notes
-        if classify:
-            train_ls, val_ls = scan_class_split(data, "train", notes), scan_class_split(data, "val", notes)
-        else:
-            train_ls = scan_split(data, "train", data.nc, notes, cfg.allow_empty)
-            val_ls = scan_split(data, "val", data.nc, notes)
+        train_ls = task.scan(data, "train", notes, cfg.allow_empty)
+        val_ls = task.scan(data, "val", notes, False)
     if ckpt is None:
         cfg.fill_unset(data.suggested, trainer.user_keys)
     seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below
@@ -268,7 +262,7 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
         open_image_cache(cfg.cache, ls, cfg.imgsz, split, notes, progress=dist.is_main)
         for split, ls in (("train", train_ls), ("val", val_ls))
     ]
-    dataset = ClassifyDataset if classify else YOLODataset
+    dataset = task.dataset
     train_ds = dataset(
         train_ls, cfg.imgsz, augment=True, hyp=AugmentConfig.from_config(cfg), seed=cfg.seed, image_source=caches[0]
     )

@@ -21,7 +21,6 @@ from torch import nn
 from libreyolo.data.dataset import YOLODataset
 from libreyolo.eval.coco import CocoAccumulator, EvalProcess
 from libreyolo.eval.graphed import EvalGraph
-from libreyolo.eval.topk import start_topk_validation
 from libreyolo.nn.inputs import normalize
 
 # COCO evaluations run one at a time: two at once would double their memory and share one interpreter lock
@@ -53,7 +52,7 @@ class Stages:
             torch.cuda.synchronize(self.device)
 
 
-def _no_stages(name: str) -> Any:
+def no_stages(name: str) -> Any:
     return nullcontext()
 
 
@@ -152,21 +151,7 @@ def start_validation(
     evaluation (tens of ms for 200 images, seconds for 1.5 M detections), during which the caller's Python waits,
     unless eval_process runs it."""
     t0 = time.perf_counter()
-    st = stages or _no_stages
-    if getattr(family, "task", "detect") == "classify":  # top-1 / top-5 on the device: no boxes, no COCO evaluation
-        done = start_topk_validation(
-            net,
-            family,
-            loader,
-            device,
-            loss_fn,
-            autocast_dtype,
-            lambda img: to_input(img, device, channels_last),
-            getattr(loader, "batch_size", None) if static_shape else None,
-            graph,
-            st,
-        )
-        return PendingValidation(None, done, background=False)
+    st = stages or no_stages
     was_training = net.training
     net.eval()
     dataset: YOLODataset = loader.dataset

@@ -4,7 +4,7 @@ description. The implementation is impl.py, imported on first use.
 They train through the same loop as the detectors: the classify data pipeline (libreyolo/data/classify.py)
 hands each image's class in the engine's targets layout, the loss is one cross-entropy term with label
 smoothing (a family key), and the whole step may be captured as one CUDA graph (static shapes, no assignment).
-Validation reports top-1 and top-5 accuracy (libreyolo/tasks.py)."""
+Validation reports top-1 and top-5 accuracy (libreyolo/tasks/classify/)."""
 
 from __future__ import annotations
 

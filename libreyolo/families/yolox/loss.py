@@ -96,7 +96,7 @@ class YOLOXLoss:
     ):
         self.nc, self.strides = nc, tuple(strides)
         self.gains = (box, obj, cls, l1)
-        self.use_l1 = False  # switched on by the family's on_mosaic_close hook (YOLOX: the last no-aug epochs)
+        self.use_l1 = False  # switched on by the family's mosaic_close hook (YOLOX: the last no-aug epochs)
         # under DDP: max(global foreground count, 1) / world size (see distributed/context.py)
         self.reduce_normalizer = reduce_normalizer
 

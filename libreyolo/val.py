@@ -8,15 +8,10 @@ import torch
 
 from libreyolo.amp import resolve_amp
 from libreyolo.config import TrainConfig, resolve_multi_label, unknown_key_message
-from libreyolo.data.classify import ClassifyDataset
-from libreyolo.data.config import list_images, load_data_config
-from libreyolo.data.dataset import YOLODataset
-from libreyolo.data.folders import load_classify_config, scan_classes
-from libreyolo.data.labels import scan_labels
 from libreyolo.data.loader import cpu_count, default_workers, val_loader
 from libreyolo.distributed.device import parse_device
 from libreyolo.errors import ConfigError, DataError
-from libreyolo.eval.validator import validate
+from libreyolo.tasks import get_task
 
 VAL_KEYS = {"imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "multi_label", "amp", "amp_dtype"}
 SPLITS = ("train", "val", "test")
@@ -32,8 +27,8 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs}, family=model.family)
     kind, gpus = parse_device(cfg.device)
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
-    classify = model.family.task == "classify"
-    dc = (load_classify_config if classify else load_data_config)(data or cfg.data)
+    task = get_task(model.family.task).implementation()
+    dc = task.load_data(data or cfg.data)
     if dc.names != model.names and len(dc.names) != model.nc:
         raise DataError(
             f"{dc.yaml_path} has {len(dc.names)} classes but {model.model_name} was trained for {model.nc}: "
@@ -45,18 +40,15 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
             f"split={split!r}: {dc.yaml_path} has no {split!r} split; its splits are {', '.join(has)}. "
             "Pass split= one of those (val is the default)"
         )
-    sources = getattr(dc, split)
-    ls = scan_classes(sources[0], dc.names) if classify else scan_labels(list_images(sources), dc.nc)
-    if not len(ls):
-        raise DataError(f"{dc.yaml_path}: {split}: no usable images")
+    ls = task.scan(dc, split, [], True)  # raises DataError naming the split when no image is usable
     batch = 16 if cfg.batch == -1 else cfg.batch
     workers = cfg.workers if cfg.workers is not None else default_workers(batch, len(gpus))
-    dataset = (ClassifyDataset if classify else YOLODataset)(ls, cfg.imgsz, augment=False)
+    dataset = task.dataset(ls, cfg.imgsz, augment=False)
     loader = val_loader(dataset, batch, workers, device.type == "cuda")
     net = model.net.to(device)
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     # a large COCO evaluation (COCO val2017 holds up to 1.5 M detections) is split by categories over processes
-    out = validate(
+    out = task.start_validation(
         net,
         model.family,
         loader,
@@ -69,6 +61,7 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
         amp.autocast_dtype,
         eval_workers=min(8, cpu_count()),
         multi_label=resolve_multi_label(cfg.multi_label, "val"),
-    )
+        background=False,  # the COCO evaluation runs in this thread, when the result is asked for
+    ).result()
     out["skipped"] = [f for f, _ in ls.skipped] + out.pop("bad")
     return out
