@@ -123,10 +123,10 @@ def test_overlap_rule(asked, device, flat, accumulate, autobatch, want):
 
 def _train_overlapped(monkeypatch, data, project, overlap, **keys):
     from libreyolo import LibreYOLO
-    from libreyolo.engine import setup
+    from libreyolo.engine import builders
 
     # on a CPU the rule says no: force it, to run the trainer's own path with the backward on the helper
-    monkeypatch.setattr(setup, "overlap_wanted", lambda *a: overlap)
+    monkeypatch.setattr(builders, "overlap_wanted", lambda *a: overlap)
     m = LibreYOLO("LibreYOLO9t")
     keys = dict(imgsz=64, batch=4, nbs=16, workers=0, warmup_epochs=0, device="cpu", project=str(project), **keys)
     m.train(data=str(data), epochs=1, **keys)

@@ -297,18 +297,18 @@ def test_train_workers_decode_the_next_epoch_before_the_last_one_ends(tiny_data,
 def test_the_first_batches_are_decoded_while_the_network_is_built(tiny_data, tmp_path, monkeypatch):
     """The setup opens the first loader pass as soon as the loaders exist, so the run's first step does not wait
     for workers that started only after everything else was built (on the H200: fork 0.2 s + first batch 0.5 s)."""
-    from libreyolo.engine import setup
+    from libreyolo.engine import builders
 
     log = tmp_path / "requested.txt"
     _log_requested_epochs(monkeypatch, log)
-    real_parts = setup.build_step_parts
+    real_parts = builders.build_step_parts
     seen_while_building = []
 
     def watching_parts(*args, **kwargs):
         seen_while_building.append(_wait_for(log, bool))
         return real_parts(*args, **kwargs)
 
-    monkeypatch.setattr(setup, "build_step_parts", watching_parts)
+    monkeypatch.setattr(builders, "build_step_parts", watching_parts)
     _train(tiny_data, tmp_path, epochs=1, workers=2)
     assert seen_while_building == [{"0"}]
 
@@ -316,12 +316,12 @@ def test_the_first_batches_are_decoded_while_the_network_is_built(tiny_data, tmp
 def test_a_setup_that_fails_after_the_loader_started_leaves_no_worker(tiny_data, tmp_path, monkeypatch):
     import psutil
 
-    from libreyolo.engine import setup
+    from libreyolo.engine import builders
 
     def broken_parts(*args, **kwargs):
         raise RuntimeError("building the step failed")
 
-    monkeypatch.setattr(setup, "build_step_parts", broken_parts)
+    monkeypatch.setattr(builders, "build_step_parts", broken_parts)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(RuntimeError, match="building the step failed") as failed:
         _train(tiny_data, tmp_path, epochs=1, workers=2)

@@ -7,7 +7,7 @@ from conftest import FAST
 from torch import nn
 
 from libreyolo import LibreYOLO
-from libreyolo.engine import setup as setup_mod
+from libreyolo.engine import builders
 from libreyolo.engine import warmup as warmup_mod
 from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.engine.lossscale import MAX_EXP, ScaleSearch, probe_loss_scale
@@ -296,7 +296,7 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
         return thread
 
     plain = run("plain")
-    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
+    monkeypatch.setattr(builders, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
     monkeypatch.setattr(KernelWarmup, "_forward", counted)
     monkeypatch.setattr(warmup_mod, "loss_beside", counted_beside)
     monkeypatch.setattr(EagerStep, "__call__", step)
@@ -310,7 +310,7 @@ def test_a_run_with_the_warm_up_trains_exactly_as_one_without(tiny_data, tmp_pat
 
 def test_a_failed_warm_up_is_a_setup_warning_and_the_run_goes_on(tiny_data, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
+    monkeypatch.setattr(builders, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
 
     def fail(self, *a):
         raise RuntimeError("simulated")
@@ -346,7 +346,7 @@ def test_a_resumed_run_restores_beside_the_warm_up_s_backward(tiny_data, tmp_pat
         overlapped.append(thread is not None and thread.is_alive())
         return orig_restore(self, ckpt)
 
-    monkeypatch.setattr(setup_mod, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
+    monkeypatch.setattr(builders, "warmup_wanted", lambda device, world_size, cudnn_benchmark: True)
     monkeypatch.setattr(KernelWarmup, "_backward", slow)
     monkeypatch.setattr(Trainer, "restore", restore)
     _train(tiny_data, tmp_path / "a", epochs=2, workers=0)

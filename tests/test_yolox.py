@@ -12,7 +12,7 @@ from conftest import FAST, NO_AUG
 
 from libreyolo import LibreYOLO
 from libreyolo.config import TrainConfig
-from libreyolo.engine import setup as setup_mod
+from libreyolo.engine import builders
 from libreyolo.engine.graphs import GraphRunner
 from libreyolo.events import read_events, validate_event
 from libreyolo.families import get_family
@@ -507,7 +507,7 @@ def test_l1_switch_recaptures_the_graph_once(tiny_data, tmp_path, monkeypatch):
         runners.append(_StandInGraphRunner(eager, emit, device))
         return runners[-1], "full", "a CPU stand-in for the whole-step graph"
 
-    monkeypatch.setattr(setup_mod, "select_step", select)
+    monkeypatch.setattr(builders, "select_step", select)
     m = LibreYOLO("LibreYOLOXn")
     # 16 images at batch 4: 4 steps an epoch, captured at the 3rd; the hook fires before epoch 2
     m.train(
