@@ -188,7 +188,8 @@ def build_step(
     Under DDP an eager run uses torch's DDP wrapper, which hooks the registered parameters' gradients (no flat storage
     then); a graph run (NCCL) keeps flat gradients and averages them with one all-reduce of its own."""
     nccl = dist.nccl_version()
-    graphs = graph_mode(cfg.cuda_graph, family, device, dist.world_size, dist.backend, nccl)[0] is not False
+    decided = graph_mode(cfg.cuda_graph, family, device, dist.world_size, dist.backend, nccl)  # once, for the run
+    graphs = decided[0] is not False
     wrapped = dist.world_size > 1 and not graphs
     parts = build_step_parts(
         family,
@@ -212,7 +213,7 @@ def build_step(
     # captured once (not re-captured when a batch with more objects per image comes)
     capacity = passes.target_capacity(cfg, labels, start_epoch) if graphs else None
     runner, mode, reason = select_step(
-        eager, parts, cfg, family, device, dist.world_size, emit, dist.backend, nccl, capacity
+        eager, parts, cfg, family, device, dist.world_size, emit, dist.backend, nccl, capacity, decided
     )
     eager.overlap_backward = runner is eager and overlap_wanted(cfg, eager, device, parts.accumulate, autobatch)
     return Step(parts, eager, runner, mode, reason)

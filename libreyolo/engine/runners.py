@@ -89,13 +89,15 @@ def select_step(
     backend: str | None = None,
     nccl: tuple[int, ...] | None = None,
     capacity: int | None = None,
+    decided: tuple[bool | str, str] | None = None,
 ) -> tuple[StepRunner, bool | str, str]:
     """-> (the step runner, the mode it runs, why). An explicit mode that cannot apply also emits one
     `graph` fallback event (auto's choice is reported by run_start). capacity: the whole-step graph's target
     capacity, known from the label scan (data/dataset.py capacity_bound); under DDP it is fixed for the run (every
-    rank must capture and replay the same graphs, so no rank may raise it on its own). The whole step steps down to
-    the network graph of the family's plan if its capture fails."""
-    mode, reason = graph_mode(cfg.cuda_graph, family, device, world_size, backend, nccl)
+    rank must capture and replay the same graphs, so no rank may raise it on its own). decided: graph_mode's answer,
+    where the caller has it already. The whole step steps down to the network graph of the family's plan if its
+    capture fails."""
+    mode, reason = decided or graph_mode(cfg.cuda_graph, family, device, world_size, backend, nccl)
     if mode is False:
         if cfg.cuda_graph not in (False, "auto"):
             emit(ev.Graph(action="fallback", mode="full" if cfg.cuda_graph == "full" else "network", reason=reason))
