@@ -138,15 +138,7 @@ def prepare(data: str = "shapes", imgsz: int = 640, cache: bool | str = False, t
 def shapes(out: str | None = None, n_train: int = 2000, n_val: int = 200, size: int = 640, seed: int = 0) -> int:
     from libreyolo.data.shapes import make_shapes
 
-    if not out:
-        raise ConfigError("data shapes needs out=DIR, the folder to write the dataset to")
-    path = Path(out).expanduser()
-    if path.exists() and any(path.iterdir()):
-        raise ConfigError(f"out={path} exists and is not empty; choose a new folder (the generator never overwrites)")
-    if min(n_train, n_val) < 1 or size < 32:
-        raise ConfigError(
-            f"n_train={n_train} n_val={n_val} size={size}: need at least one image per split and size >= 32"
-        )
+    path = _new_folder("shapes", out, n_train, n_val, size)
     if path.exists():
         path.rmdir()  # make_shapes builds aside and renames into place, which needs the name free
     yaml_path = make_shapes(path, n_train, n_val, size, seed)
@@ -194,15 +186,7 @@ def dense(
 ) -> int:
     from libreyolo.data.dense import NAMES, make_dense
 
-    if not out:
-        raise ConfigError("data dense needs out=DIR, the folder to write the dataset to")
-    path = Path(out).expanduser()
-    if path.exists() and any(path.iterdir()):
-        raise ConfigError(f"out={path} exists and is not empty; choose a new folder (the generator never overwrites)")
-    if min(n_train, n_val) < 1 or size < 32:
-        raise ConfigError(
-            f"n_train={n_train} n_val={n_val} size={size}: need at least one image per split and size >= 32"
-        )
+    path = _new_folder("dense", out, n_train, n_val, size)
     if objects is not None and counts is not None:
         raise ConfigError(
             f"objects={objects[0]}-{objects[1]} and counts={','.join(map(str, counts))}: give one; objects= is drawn "
@@ -228,3 +212,17 @@ def dense(
         f"data={yaml_path}"
     )
     return 0
+
+
+def _new_folder(command: str, out: str | None, n_train: int, n_val: int, size: int) -> Path:
+    """The generators' shared checks: out= given and new (or empty), both splits non-empty, a sensible size."""
+    if not out:
+        raise ConfigError(f"data {command} needs out=DIR, the folder to write the dataset to")
+    path = Path(out).expanduser()
+    if path.exists() and any(path.iterdir()):
+        raise ConfigError(f"out={path} exists and is not empty; choose a new folder (the generator never overwrites)")
+    if min(n_train, n_val) < 1 or size < 32:
+        raise ConfigError(
+            f"n_train={n_train} n_val={n_val} size={size}: need at least one image per split and size >= 32"
+        )
+    return path

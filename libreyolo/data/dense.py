@@ -18,6 +18,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from libreyolo.data.shapes import move_into_place
+
 NAMES = ["circle", "square", "triangle", "cross", "star", "ring", "ellipse", "diamond", "hexagon", "arrow"]
 VERSION = 1
 MIN_PX = 6  # smallest object side; below this a shape's class cannot be told from its pixels
@@ -72,14 +74,7 @@ def make_dense(
         f"# libreyolo dense synthetic dataset (v{VERSION}): size {size}, seed {seed}, objects {objects}, "
         f"distractors {distractors}\npath: .\ntrain: images/train\nval: images/val\nnames:\n{names}"
     )
-    if out.exists():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+    move_into_place(tmp, out)
     return out / "data.yaml"
 
 

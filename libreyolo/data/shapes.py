@@ -64,15 +64,21 @@ def make_shapes(out: str | os.PathLike, n_train: int, n_val: int, size: int, see
         f"# libreyolo built-in synthetic dataset (v{VERSION})\npath: .\ntrain: images/train\nval: "
         f"images/val\nnames:\n{names}"
     )
-    if out.exists():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+    move_into_place(tmp, out)
     return out / "data.yaml"
+
+
+def move_into_place(tmp: Path, out: Path) -> None:
+    """A dataset folder built aside (`tmp`) becomes `out` in one rename, so a folder is only ever seen complete;
+    where another process finished first, its folder stays and this one is removed."""
+    if out.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # the other process renamed its folder into place in between
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _draw(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[tuple]]:

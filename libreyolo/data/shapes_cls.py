@@ -12,7 +12,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from libreyolo.data.shapes import NAMES, _draw, cache_root
+from libreyolo.data.shapes import NAMES, _draw, cache_root, move_into_place
 
 VERSION = 1
 CLASSIFY_DEMO_SIZE = dict(n_train=480, n_val=96, size=64)
@@ -57,12 +57,5 @@ def make_shapes_classify(out: str | os.PathLike[str], n_train: int, n_val: int, 
                 path = tmp / split / NAMES[int(c)] / f"{split}_{made:05d}.jpg"
                 cv2.imwrite(str(path), cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
                 made += 1
-    if out.exists():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, out)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+    move_into_place(tmp, out)
     return out
