@@ -154,8 +154,8 @@ def capacity(n: int, minimum: int = 4) -> int:
 
 def capacity_bound(labels: list[np.ndarray], mosaic: float) -> int:
     """The most target slots per image any training batch can need: a mosaic holds four images' boxes (crops
-    only remove boxes), a plain image its own. For runs whose ranks must agree on one capacity up front (DDP
-    with the whole-step graph) instead of raising it when a batch needs more."""
+    only remove boxes), a plain image its own: the whole-step graph's capacity, known before its first capture
+    (engine/passes.target_capacity), so a run captures once and DDP's ranks agree on it."""
     counts = sorted((len(x) for x in labels), reverse=True)
     return capacity(sum(counts[:4]) if mosaic > 0 else max(counts, default=0))
 

@@ -12,13 +12,12 @@ Two of torch's pool rules shape this module:
   reference, which a torch.cuda.MemPool counts (torch >= 2.6; older torch gets a graph pool handle and no repair).
 
 A pool is dropped, and the allocator's cache emptied, only while no capture is underway in this process (another
-thread may be capturing the validation's graph): nn/streams.py's capture lock is held. free_cached() returns the
+thread may be capturing the validation's graph): nn/streams.py's capture lock is held. empty_cache() returns the
 cached blocks to the driver, so that what nvidia-smi shows after a re-capture or a step-down is what the run uses."""
 
 from __future__ import annotations
 
 import ctypes
-import gc
 from typing import Any
 
 import torch
@@ -35,10 +34,6 @@ class GraphPool:
         self._pool: Any = mem_pool() if mem_pool is not None else None
         self.handle: tuple[int, int] = self._pool.id if self._pool is not None else torch.cuda.graph_pool_handle()
 
-    def users(self) -> int | None:
-        """Graphs holding the pool (None where torch cannot say)."""
-        return self._pool.use_count() - 1 if self._pool is not None else None  # 1: the MemPool's own reference
-
     def end_failed_capture(self) -> None:
         """After a capture into this pool raised: make sure the allocator no longer allocates into it for the capture
         stream (torch's error when it already does not is the expected case, a capture that ended its allocation)."""
@@ -53,18 +48,14 @@ class GraphPool:
     def _index(self) -> int:
         return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
-    def repair(self, live_graphs: int) -> int:
-        """After a failed capture whose graph object is gone: release the references that captures which never
-        ended still hold, so that the pool's memory can be freed with the pool. -> how many were released."""
-        users = self.users()
-        if users is None or users <= live_graphs:
-            return 0
+    def repair(self) -> None:
+        """Once the pool's graphs are gone: release the references that captures which never ended still hold (a
+        MemPool's own is the one left), so that the pool's memory can be freed with it."""
         release = getattr(torch._C, "_cuda_releasePool", None)
-        if release is None:
-            return 0
-        for _ in range(users - live_graphs):
+        if self._pool is None or release is None:
+            return
+        for _ in range(self._pool.use_count() - 1):
             release(self._index(), self.handle)
-        return users - live_graphs
 
     def close(self) -> None:
         """Drop the pool once its graphs are gone: its memory is freed when no tensor from it is alive any more. A
@@ -81,12 +72,10 @@ class GraphPool:
             del pool
 
 
-def free_cached(device: torch.device) -> None:
-    """Give the cached, unused blocks back to the driver, after collecting the objects that still held some (the
-    autograd graph and static buffers of a failed capture are reachable only through reference cycles)."""
+def empty_cache(device: torch.device) -> None:
+    """Give the allocator's cached, unused blocks back to the driver, once the device's queued work is done."""
     if device.type != "cuda":
         return
-    gc.collect()
     torch.cuda.synchronize(device)
     with streams.no_capture():
         torch.cuda.empty_cache()

@@ -9,6 +9,7 @@ any other shape (the short last batch, multi-scale) runs eagerly."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.engine.flat import FlatParams
-from libreyolo.engine.graphpool import GraphPool, free_cached
+from libreyolo.engine.graphpool import GraphPool, empty_cache
 from libreyolo.engine.step import NO_PHASES, EagerStep, Phases, TrainCounters
 from libreyolo.engine.subgraphs import SubmoduleGraphs
 from libreyolo.families import WHOLE_NET, CapturePlan
@@ -167,7 +168,7 @@ class GraphRunner:
         if cuda:
             # torch.cuda.graph() empties the allocator cache on entry: do it first, so that before/after
             # differ only by what the capture itself keeps
-            free_cached(self.device)
+            empty_cache(self.device)
         before = vram_mb(self.device) if cuda else (0.0, 0.0)
         try:
             graph = self.capture(key, img, targets, mask, boundary)
@@ -239,12 +240,14 @@ class GraphRunner:
         if self.device.type != "cuda":
             self.pools.clear()
             return
-        free_cached(self.device)  # collects the dropped graphs (and a failed capture's leftovers) first
+        # the dropped graphs, and a failed capture's autograd graph and static buffers, which only reference cycles
+        # still reach, go first: each graph gives its reference to its pool back as it goes
+        gc.collect()
         pools, self.pools = self.pools, []
         for pool in pools:
-            pool.repair(0)
+            pool.repair()
             pool.close()
-        free_cached(self.device)
+        empty_cache(self.device)
 
     def close(self) -> None:
         """The run is over: give back every graph and pool of this runner and the level below."""

@@ -26,16 +26,11 @@ from libreyolo.engine.step import NO_PHASES
 from libreyolo.families.base import HookContext
 
 HEARTBEAT_S = 10.0
+OnStart = Callable[["Trainer"], None]
 
 
 class Trainer:
-    def __init__(
-        self,
-        model: Any,
-        cfg: TrainConfig,
-        user_keys: set[str],
-        on_start: Sequence[Callable[[Trainer], None]] = (),
-    ):
+    def __init__(self, model: Any, cfg: TrainConfig, user_keys: set[str], on_start: Sequence[OnStart] = ()):
         """on_start: called with the trainer once the run is set up, before its first step (the profiler attaches its
         window so: the engine never imports the profiler, which sits above it)."""
         self.model, self.cfg, self.user_keys, self.on_start = model, cfg, user_keys, tuple(on_start)

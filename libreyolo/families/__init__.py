@@ -108,9 +108,7 @@ class Family:
             if isinstance(self.impl, str):
                 module, _, attr = self.impl.partition(":")
                 got = getattr(importlib.import_module(module), attr or "IMPL")
-                bad = [h for h in got.hooks if h not in HOOKS]
-                if bad:
-                    raise ValueError(f"family {self.name!r}: unknown hook(s) {bad}; one of {', '.join(HOOKS)}")
+                _check_hooks(self.name, got)
             else:
                 got = self.impl
             _IMPLS[self.name] = got
@@ -158,9 +156,8 @@ def register(family: Family) -> Family:
     registry lists the families by `order`, then in the order they were registered."""
     if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
         raise ValueError(f"a model family named {family.name!r} is already registered")
-    bad = [h for h in _declared_hooks(family) if h not in HOOKS]
-    if bad:
-        raise ValueError(f"family {family.name!r}: unknown hook(s) {bad}; a family hook is one of {', '.join(HOOKS)}")
+    if not isinstance(family.impl, str):  # an implementation given as a module path is checked when imported
+        _check_hooks(family.name, family.impl)
     _REGISTRY[family.name] = family
     ordered = sorted(_REGISTRY.values(), key=lambda f: f.order)
     _REGISTRY.clear()
@@ -168,9 +165,10 @@ def register(family: Family) -> Family:
     return family
 
 
-def _declared_hooks(family: Family) -> list[str]:
-    """The hooks of an implementation given as an object (a module path is checked when it is first imported)."""
-    return [] if isinstance(family.impl, str) else list(family.impl.hooks)
+def _check_hooks(name: str, impl: FamilyImpl) -> None:
+    bad = [h for h in impl.hooks if h not in HOOKS]
+    if bad:
+        raise ValueError(f"family {name!r}: unknown hook(s) {bad}; a family hook is one of {', '.join(HOOKS)}")
 
 
 def unregister(name: str) -> None:
