@@ -135,7 +135,8 @@ def race(train_args: list[str], name: str, project: Path) -> dict[str, Any]:
     if proc.returncode != 0 or not (run_dir / "events.jsonl").is_file():
         return {"name": name, "rc": proc.returncode, "wall_s": round(exit_t - launch, 2), "tail": proc.stdout[-2000:]}
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
-    rows = list(csv.DictReader(open(run_dir / "results.csv"))) if (run_dir / "results.csv").is_file() else []
+    results = run_dir / "results.csv"
+    rows = list(csv.DictReader(results.read_text().splitlines())) if results.is_file() else []
     key = next((k for k in (rows[0] if rows else {}) if k.strip().startswith("metrics/mAP50-95")), None)
     return {
         "name": name,
