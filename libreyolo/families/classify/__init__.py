@@ -1,5 +1,6 @@
-"""Image classifiers (task "classify"): ResNet-18 (`LibreResNet18`) and MobileNetV4-Conv-Small (`LibreMNv4s`); their
-description. The implementation is impl.py, imported on first use.
+"""Image classifiers (task "classify"): ResNet-18/34/50 (`LibreResNet18`, `LibreResNet34`, `LibreResNet50`) and
+MobileNetV4-Conv-S/M/L (`LibreMNv4s`, `LibreMNv4m`, `LibreMNv4l`); their description. The implementation is impl.py,
+imported on first use.
 
 They train through the same loop as the detectors: the classify data pipeline (libreyolo/data/classify.py)
 hands each image's class in the engine's targets layout, the loss is one cross-entropy term with label
@@ -51,5 +52,5 @@ def _family(name: str, prefix: str, sizes: tuple[str, ...], impl: str, order: in
     )
 
 
-RESNET = _family("resnet", "LibreResNet", ("18",), "RESNET", 3)
-MNV4 = _family("mnv4", "LibreMNv4", ("s",), "MNV4", 4)
+RESNET = _family("resnet", "LibreResNet", ("18", "34", "50"), "RESNET", 3)
+MNV4 = _family("mnv4", "LibreMNv4", ("s", "m", "l"), "MNV4", 4)

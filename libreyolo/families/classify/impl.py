@@ -10,8 +10,8 @@ from torch import nn
 from libreyolo.families.base import FamilyImpl, Reduce, random_output
 from libreyolo.families.classify import RESNET as RESNET_FAMILY
 from libreyolo.families.classify.head import ClassifyLoss, topk
-from libreyolo.families.classify.mnv4 import MobileNetV4ConvSmall
-from libreyolo.families.classify.resnet import ResNet18
+from libreyolo.families.classify.mnv4 import MobileNetV4, MobileNetV4ConvSmall
+from libreyolo.families.classify.resnet import ResNet, ResNet18
 
 
 def train_net(net: nn.Module, cfg: Any) -> nn.Module:
@@ -31,12 +31,12 @@ def example_outputs(
     return random_output((batch, nc), dtype, device)
 
 
-def build_resnet(size: str, nc: int) -> ResNet18:
-    return ResNet18(nc)
+def build_resnet(size: str, nc: int) -> ResNet:
+    return ResNet(nc, size)
 
 
-def build_mnv4(size: str, nc: int) -> MobileNetV4ConvSmall:
-    return MobileNetV4ConvSmall(nc)
+def build_mnv4(size: str, nc: int) -> MobileNetV4:
+    return MobileNetV4(nc, size)
 
 
 def _impl(build: Any) -> FamilyImpl:
@@ -46,4 +46,4 @@ def _impl(build: Any) -> FamilyImpl:
 RESNET = _impl(build_resnet)
 MNV4 = _impl(build_mnv4)
 
-__all__ = ["MNV4", "RESNET", "ClassifyLoss", "MobileNetV4ConvSmall", "ResNet18", "topk"]
+__all__ = ["MNV4", "RESNET", "ClassifyLoss", "MobileNetV4", "MobileNetV4ConvSmall", "ResNet", "ResNet18", "topk"]

@@ -1,8 +1,8 @@
-"""MobileNetV4-Conv-Small (Qin et al., "MobileNetV4: Universal Models for the Mobile Ecosystem", 2024), written from
-the paper's block table: a conv stem, two fused inverted bottlenecks, then universal inverted bottlenecks (UIB)
-whose optional depthwise convolutions before and after the expansion make the paper's four block kinds
-(ExtraDW: both, IB: middle only, ConvNext-like: start only, FFN: neither), a 1x1 conv to 960, global pooling,
-a 1x1 conv to 1280 and the classifier. 3.77M parameters at 1000 classes (published: 3.8M)."""
+"""MobileNetV4-Conv-Small, -Medium and -Large (Qin et al., "MobileNetV4: Universal Models for the Mobile Ecosystem",
+2024), written from the paper's block tables: a conv stem, fused inverted bottlenecks, then universal inverted
+bottlenecks (UIB) whose optional depthwise convolutions before and after the expansion make the paper's four block
+kinds (ExtraDW: both, IB: middle only, ConvNext-like: start only, FFN: neither), a 1x1 conv to 960, global pooling,
+a 1x1 conv to 1280 and the classifier. Parameter counts: tests/test_sizes.py."""
 
 from __future__ import annotations
 
@@ -67,13 +67,56 @@ UIB_SMALL = (
 )
 
 
-class MobileNetV4ConvSmall(nn.Module):
-    def __init__(self, nc: int, dropout: float = 0.0):
+def _uibs(c: int, rows: tuple[tuple[int, int, int, int, int, int], ...]) -> tuple[tuple[int, int, int, int, int], ...]:
+    """The paper's M/L rows (repeats, k_start, k_mid, stride, expansion ratio, output width) -> UIB_SMALL's form,
+    the expanded width being the block's input width times the ratio; the stride is the first repeat's."""
+    out = []
+    for n, a, k, s, e, c2 in rows:
+        for i in range(n):
+            out.append((a, k, s if i == 0 else 1, c * e, c2))
+            c = c2
+    return tuple(out)
+
+
+UIB_MEDIUM = _uibs(
+    48,
+    (
+        (1, 3, 5, 2, 4, 80), (1, 3, 3, 1, 2, 80),
+        (1, 3, 5, 2, 6, 160), (2, 3, 3, 1, 4, 160), (1, 3, 5, 1, 4, 160), (1, 3, 3, 1, 4, 160),
+        (1, 3, 0, 1, 4, 160), (1, 0, 0, 1, 2, 160), (1, 3, 0, 1, 4, 160),
+        (1, 5, 5, 2, 6, 256), (1, 5, 5, 1, 4, 256), (2, 3, 5, 1, 4, 256), (1, 0, 0, 1, 4, 256),
+        (1, 3, 0, 1, 4, 256), (1, 3, 5, 1, 2, 256), (1, 5, 5, 1, 4, 256), (2, 0, 0, 1, 4, 256), (1, 5, 0, 1, 2, 256),
+    ),
+)  # fmt: skip
+UIB_LARGE = _uibs(
+    48,
+    (
+        (1, 3, 5, 2, 4, 96), (1, 3, 3, 1, 4, 96),
+        (1, 3, 5, 2, 4, 192), (3, 3, 3, 1, 4, 192), (1, 3, 5, 1, 4, 192), (5, 5, 3, 1, 4, 192), (1, 3, 0, 1, 4, 192),
+        (4, 5, 5, 2, 4, 512), (1, 5, 0, 1, 4, 512), (1, 5, 3, 1, 4, 512), (2, 5, 0, 1, 4, 512), (1, 5, 3, 1, 4, 512),
+        (1, 5, 5, 1, 4, 512), (3, 5, 0, 1, 4, 512),
+    ),
+)  # fmt: skip
+
+
+def _stem(size: str) -> list[nn.Module]:
+    """The stride-4 start: S has a conv and two fused blocks, M and L a conv and one fused block."""
+    if size == "s":
+        return [conv_bn(3, 32, 3, 2), FusedIB(32, 32, 32, 3, 2), FusedIB(32, 64, 96, 3, 2)]
+    c = 32 if size == "m" else 24
+    return [conv_bn(3, c, 3, 2), FusedIB(c, 48, 4 * c, 3, 2)]
+
+
+UIBS = {"s": UIB_SMALL, "m": UIB_MEDIUM, "l": UIB_LARGE}
+
+
+class MobileNetV4(nn.Module):
+    def __init__(self, nc: int, size: str = "s", dropout: float = 0.0):
         super().__init__()
         self.nc = nc
-        layers: list[nn.Module] = [conv_bn(3, 32, 3, 2), FusedIB(32, 32, 32, 3, 2), FusedIB(32, 64, 96, 3, 2)]
-        c = 64
-        for k_start, k_mid, s, e, c2 in UIB_SMALL:
+        layers = _stem(size)
+        c = 64 if size == "s" else 48
+        for k_start, k_mid, s, e, c2 in UIBS[size]:
             layers.append(UIB(c, c2, e, k_start, k_mid, s))
             c = c2
         layers.append(conv_bn(c, 960, 1))
@@ -92,3 +135,8 @@ class MobileNetV4ConvSmall(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.head(self.pool(self.features(x))).flatten(1)
         return self.classifier(self.dropout(x))
+
+
+class MobileNetV4ConvSmall(MobileNetV4):
+    def __init__(self, nc: int, dropout: float = 0.0):
+        super().__init__(nc, "s", dropout)

@@ -60,7 +60,7 @@ FAMILY = register(
     Family(
         name="rtdetr",
         prefix="LibreRTDETR",
-        sizes=("r18",),
+        sizes=("r18", "r34", "r50", "r101"),
         task="detect",
         loss_terms=("vfl", "bbox", "giou"),
         impl="libreyolo.families.rtdetr.impl",

@@ -1,7 +1,8 @@
-"""ResNet-vd backbone (ResNet-18-vd for RT-DETR-r18): the "vd" tweaks of Bag of Tricks (He et al. 2019) on
-torchvision's basic blocks: a stem of three 3x3 convolutions instead of one 7x7, and shortcuts that downsample
-with a 2x2 average pool before their 1x1 convolution instead of a strided 1x1 convolution (which would drop
-three quarters of the input). Random init; returns the stride 8, 16 and 32 feature maps."""
+"""ResNet-vd backbones as RT-DETR uses them (18/34 of basic blocks, 50/101 of bottlenecks): the "vd" tweaks of Bag
+of Tricks (He et al. 2019) on torchvision's blocks: a stem of three 3x3 convolutions instead of one 7x7, and
+shortcuts that downsample with a 2x2 average pool before their 1x1 convolution instead of a strided 1x1
+convolution (which would drop three quarters of the input). Random init; returns the stride 8, 16 and 32 feature
+maps."""
 
 from __future__ import annotations
 
@@ -21,11 +22,21 @@ def _shortcut(c1: int, c2: int, stride: int) -> nn.Module | None:
 
 
 class ResNetVd(nn.Module):
-    def __init__(self, depths: tuple[int, ...] = (2, 2, 2, 2), widths: tuple[int, ...] = (64, 128, 256, 512)):
+    """widths: each stage's block width; bottleneck: torchvision's Bottleneck blocks (stride on the 3x3, output 4x
+    the width) instead of its BasicBlocks."""
+
+    def __init__(
+        self,
+        depths: tuple[int, ...] = (2, 2, 2, 2),
+        widths: tuple[int, ...] = (64, 128, 256, 512),
+        bottleneck: bool = False,
+    ):
         # imported here: every run imports the family registry, and importing torchvision costs it ~2 s
-        from torchvision.models.resnet import BasicBlock
+        from torchvision.models.resnet import BasicBlock, Bottleneck
 
         super().__init__()
+        block: type[BasicBlock] | type[Bottleneck] = Bottleneck if bottleneck else BasicBlock
+        e = block.expansion
         stem = widths[0]
         self.stem = nn.Sequential(
             conv_bn_relu(3, stem // 2, 2), conv_bn_relu(stem // 2, stem // 2, 1), conv_bn_relu(stem // 2, stem, 1)
@@ -34,11 +45,11 @@ class ResNetVd(nn.Module):
         stages, c = [], stem
         for i, (n, w) in enumerate(zip(depths, widths)):
             s = 1 if i == 0 else 2
-            blocks = [BasicBlock(c, w, s, _shortcut(c, w, s))] + [BasicBlock(w, w) for _ in range(n - 1)]
+            blocks = [block(c, w, s, _shortcut(c, w * e, s))] + [block(w * e, w) for _ in range(n - 1)]
             stages.append(nn.Sequential(*blocks))
-            c = w
+            c = w * e
         self.stages = nn.ModuleList(stages)
-        self.out_channels = tuple(widths[1:])
+        self.out_channels = tuple(w * e for w in widths[1:])
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

@@ -82,11 +82,13 @@ class Decoder(nn.Module):
         ffn: int = 1024,
         points: int = 4,
         num_queries: int = 300,
+        feat: int | None = None,
     ):
         super().__init__()
         self.nc, self.d, self.num_queries = nc, d, num_queries
+        c = feat or d  # the encoder's width (RT-DETR-r101's 384 is projected to the decoder's 256)
         self.input_proj = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(d, d, 1, bias=False), nn.BatchNorm2d(d)) for _ in range(levels)
+            nn.Sequential(nn.Conv2d(c, d, 1, bias=False), nn.BatchNorm2d(d)) for _ in range(levels)
         )
         self.denoising_embed = nn.Embedding(nc + 1, d, padding_idx=nc)
         self.enc_output = nn.Sequential(nn.Linear(d, d), nn.LayerNorm(d))

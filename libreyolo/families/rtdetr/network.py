@@ -28,9 +28,20 @@ class Spec:
     dec_ffn: int = 1024
     points: int = 4
     num_queries: int = 300
+    bottleneck: bool = False  # ResNet-50/101: bottleneck blocks
+    dec_hidden: int | None = None  # the decoder's width where it differs from the encoder's (r101)
 
 
-SIZES: dict[str, Spec] = {"r18": Spec()}
+# the official RT-DETR configs (Lv et al. 2023, "DETRs Beat YOLOs on Real-time Object Detection", and its
+# rtdetr_r{18,34,50,101}vd configs): depths, encoder width and CSP expansion, decoder layers
+SIZES: dict[str, Spec] = {
+    "r18": Spec(),
+    "r34": Spec(depths=(3, 4, 6, 3), dec_layers=4),
+    "r50": Spec(depths=(3, 4, 6, 3), bottleneck=True, expansion=1.0, dec_layers=6),
+    "r101": Spec(
+        depths=(3, 4, 23, 3), bottleneck=True, expansion=1.0, dec_layers=6, hidden=384, enc_ffn=2048, dec_hidden=256
+    ),
+}
 
 
 class Features(nn.Module):
@@ -38,7 +49,7 @@ class Features(nn.Module):
 
     def __init__(self, spec: Spec):
         super().__init__()
-        self.backbone = ResNetVd(spec.depths, spec.widths)
+        self.backbone = ResNetVd(spec.depths, spec.widths, spec.bottleneck)
         self.encoder = HybridEncoder(
             self.backbone.out_channels, spec.hidden, spec.heads, spec.enc_ffn, spec.expansion, spec.csp_depth
         )
@@ -53,8 +64,9 @@ class RTDETR(nn.Module):
         spec = spec or SIZES[size]
         self.nc, self.spec = nc, spec
         self.features = Features(spec)
+        d = spec.dec_hidden or spec.hidden
         self.decoder = Decoder(
-            nc, spec.hidden, 3, spec.dec_layers, spec.heads, spec.dec_ffn, spec.points, spec.num_queries
+            nc, d, 3, spec.dec_layers, spec.heads, spec.dec_ffn, spec.points, spec.num_queries, spec.hidden
         )
         # denoising settings (the family's keys set them for a run: train_net)
         self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0

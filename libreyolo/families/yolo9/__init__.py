@@ -22,7 +22,7 @@ FAMILY = register(
     Family(
         name="yolo9",
         prefix="LibreYOLO9",
-        sizes=("t", "s"),
+        sizes=("t", "s", "m", "c"),
         task="detect",
         loss_terms=("box", "cls", "dfl"),
         impl="libreyolo.families.yolo9.impl",

@@ -46,7 +46,7 @@ FAMILY = register(
     Family(
         name="yolox",
         prefix="LibreYOLOX",
-        sizes=("n", "t", "s"),
+        sizes=("n", "t", "s", "m", "l", "x"),
         task="detect",
         loss_terms=("iou", "obj", "cls", "l1"),
         impl="libreyolo.families.yolox.impl",

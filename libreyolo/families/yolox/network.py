@@ -28,6 +28,9 @@ SIZES: dict[str, Scale] = {
     "n": Scale(0.33, 0.25, depthwise=True),  # YOLOX-Nano
     "t": Scale(0.33, 0.375),  # YOLOX-Tiny
     "s": Scale(0.33, 0.50),  # YOLOX-S
+    "m": Scale(0.67, 0.75),  # YOLOX-M
+    "l": Scale(1.0, 1.0),  # YOLOX-L
+    "x": Scale(1.33, 1.25),  # YOLOX-X
 }
 
 
