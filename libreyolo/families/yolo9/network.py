@@ -90,7 +90,7 @@ class GroupedDetect(Detect):
 
     def __init__(self, nc: int, ch: tuple[int, ...], strides: tuple[int, ...], reg_max: int, groups: int):
         super().__init__(nc, ch, strides, reg_max)
-        c2 = self.box[0][0].conv.out_channels
+        c2 = max(16, ch[0] // 4, reg_max * 4)  # as Detect's box tower
         self.box = nn.ModuleList(
             nn.Sequential(Conv(c, c2, 3), Conv(c2, c2, 3, g=groups), nn.Conv2d(c2, 4 * reg_max, 1, groups=groups))
             for c in ch
