@@ -67,6 +67,13 @@ class TrainConfig:
         100, K.nonneg(K.integer), "stop after this many epochs without a better fitness (0: never)", "run"
     )
     val: bool = opt(True, K.boolean, "validate after every epoch", "run")
+    plots: bool = opt(
+        True,
+        K.boolean,
+        "write the run's pictures on a background thread: results.png, PR/F1/P/R curves, confusion matrices, "
+        'labels.jpg, training and validation mosaics (docs/quickstart.md); charts need pip install "libreyolo[plots]"',
+        "run",
+    )
     tensorboard: bool = opt(
         False,
         K.boolean,

@@ -11,6 +11,7 @@ from libreyolo.config import TrainConfig, resolve_multi_label, unknown_key_messa
 from libreyolo.data.loader import cpu_count, default_workers, val_loader
 from libreyolo.distributed.device import parse_device
 from libreyolo.errors import ConfigError, DataError
+from libreyolo.eval.confusion import confusion_matrix
 from libreyolo.tasks import get_task
 
 VAL_KEYS = {"imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "multi_label", "amp", "amp_dtype"}
@@ -20,7 +21,10 @@ SPLITS = ("train", "val", "test")
 def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: Any) -> dict[str, Any]:
     """-> the task's metrics (detection: precision, recall, map50, map; classification: top1, top5), losses,
     images, time_s (forward, loss, NMS), eval_s (COCO evaluation), detections (detection), skipped (files that could
-    not be used)."""
+    not be used); detection also per_class (a row per class in the dataset's names order: class, images, instances,
+    precision, recall, map50, map), curves (the PR, P, R and F1 curve data: eval/perclass.py) and confusion_matrix
+    ((nc + 1, nc + 1) counts, rows true class, columns predicted, the last of each the background:
+    eval/confusion.py)."""
     unknown = set(kwargs) - VAL_KEYS
     if unknown:
         raise ConfigError(unknown_key_message(sorted(unknown)[0], sorted(VAL_KEYS | {"data", "split"}), "val"))
@@ -64,4 +68,7 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
         background=False,  # the COCO evaluation runs in this thread, when the result is asked for
     ).result()
     out["skipped"] = [f for f, _ in ls.skipped] + out.pop("bad")
+    boxes = out.pop("boxes", None)  # what was evaluated: the confusion matrix is counted from it
+    if boxes is not None:
+        out["confusion_matrix"] = confusion_matrix(boxes["images"], boxes["gt"], boxes["dt"], len(model.names))
     return out

@@ -151,7 +151,7 @@ LAYERS = (
     {"families"},
     {"config"},
     {"eval", "predict", "predict_cls"},
-    {"tasks.impl"},
+    {"tasks.impl", "plots"},
     {"engine"},
     {"oom", "profiler", "launch", "val"},
     {"model"},

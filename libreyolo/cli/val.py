@@ -4,8 +4,10 @@ metrics (detection: P, R, mAP50, mAP50-95; classification: top1, top5)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from libreyolo.cli.args import flag, parse_kv
@@ -14,6 +16,23 @@ from libreyolo.tasks import get_task
 from libreyolo.val import VAL_KEYS
 
 KEYS = VAL_KEYS | {"model", "data"}
+
+
+def per_class_table(rows: list[dict[str, Any]], overall: dict[str, Any]) -> Table:
+    """The per-class table, in the dataset's names order after the row of all classes (a class without ground truth
+    shows - for its metrics)."""
+    t = Table(title="per class")
+    for c in ("class", "images", "instances", "P", "R", "mAP50", "mAP50-95"):
+        t.add_column(c, justify="left" if c == "class" else "right")
+    images = overall["images"]
+    instances = sum(r["instances"] for r in rows)
+    t.add_row(
+        "all", str(images), str(instances), *(f"{overall[k]:.4f}" for k in ("precision", "recall", "map50", "map"))
+    )
+    for r in rows:
+        vals = ("-" if r[k] is None else f"{r[k]:.4f}" for k in ("precision", "recall", "map50", "map"))
+        t.add_row(escape(str(r["class"])), str(r["images"]), str(r["instances"]), *vals)
+    return t
 
 
 def run(argv: list[str]) -> int:
@@ -34,13 +53,16 @@ def run(argv: list[str]) -> int:
     m = model.val(kw.pop("data", "shapes"), **kw)
     task = get_task(model.family.task)
     if as_json:
-        print(json.dumps({k: m[k] for k in (*task.metric_names, "losses", "images", "skipped")}))
+        keys = (*task.metric_names, "losses", "images", "skipped", *(["per_class"] if "per_class" in m else []))
+        print(json.dumps({k: m[k] for k in keys}))
         return 0
     t = Table(title=f"{model.model_name} on {m['images']} images")
     for c in task.labels:
         t.add_column(c, justify="right")
     t.add_row(*(f"{m[k]:.4f}" for k in task.metric_names))
     Console().print(t)
+    if m.get("per_class"):
+        Console().print(per_class_table(m["per_class"], m))
     for f in m["skipped"]:
         Console(stderr=True).print(f"[yellow]skipped[/] {f}")
     return 0

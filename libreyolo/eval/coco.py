@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from libreyolo.eval.perclass import curves, per_class_table
+
 MAX_DETS = 100  # per image and class, as COCO's headline mAP
 PARENT_CHECK_S = 0.5  # how often an evaluation child looks whether its parent still lives
 PARALLEL_MIN_DETECTIONS = 200_000  # below this, starting processes costs more than it saves
@@ -97,18 +99,30 @@ class CocoAccumulator:
     def num_detections(self) -> int:
         return sum(map(len, self._dt))
 
-    def evaluate(self, workers: int = 1, process: EvalProcess | None = None) -> dict[str, float]:
-        """-> map50, map (50-95), precision and recall (mean over classes at each class's best-F1 point, IoU 0.5).
+    def evaluate(self, workers: int = 1, process: EvalProcess | None = None) -> dict[str, Any]:
+        """-> map50, map (50-95), precision and recall (mean over classes at each class's best-F1 point, IoU 0.5);
+        per_class (eval/perclass.py's table, in names order); curves (the PR, P, R and F1 curve data, None when
+        nothing was evaluated); boxes (images, gt, dt: what was evaluated, for the confusion matrix and plots).
         workers > 1 splits a large evaluation by categories over that many processes; otherwise `process` (if
         given) runs it."""
-        zero = {"map50": 0.0, "map": 0.0, "precision": 0.0, "recall": 0.0}
         ids, images, gt = self._images_and_gt()
         dt = np.concatenate(self._dt) if self._dt else np.zeros((0, 7))
         # ground truth crossing an image's edge is clipped to it exactly as the detections are: a perfect
         # prediction of such an object then matches it at IoU 1
         gt, dt = clip_to_images(gt, images), clip_to_images(dt, images)
+        boxes = {"images": images, "gt": gt, "dt": dt}
         if not len(gt) or not len(dt):
-            return zero
+            none = np.full((1, 1, len(self.names)), -1.0)
+            table = per_class_table(self.names, gt, none, np.zeros(1), np.array([0.5]))
+            return {
+                "map50": 0.0,
+                "map": 0.0,
+                "precision": 0.0,
+                "recall": 0.0,
+                "per_class": table,
+                "curves": None,
+                "boxes": boxes,
+            }
         nc = len(self.names)
         groups = (
             _category_groups(dt[:, 1], nc, workers)
@@ -117,19 +131,28 @@ class CocoAccumulator:
         )
         if len(groups) == 1:
             run = process.run if process is not None else _evaluate
-            precision, rec_thrs, iou_thrs = run(images, gt, dt, np.arange(nc))
+            precision, rec_thrs, iou_thrs, tp = run(images, gt, dt, np.arange(nc))
         else:
             with forked_pool(len(groups)) as pool:
                 parts = list(pool.map(_evaluate, *zip(*[_only(images, gt, dt, g) for g in groups])))
             precision = np.empty(parts[0][0].shape[:2] + (nc,), np.float64)
-            for g, (p, _, _) in zip(groups, parts):
-                precision[:, :, g] = p
-            _, rec_thrs, iou_thrs = parts[0]  # every group is evaluated at the same thresholds
+            tp = np.zeros(len(dt), bool)
+            for g, (p, _, _, hit) in zip(groups, parts):
+                precision[:, :, g], tp[np.isin(dt[:, 1], g)] = p, hit
+            _, rec_thrs, iou_thrs, _ = parts[0]  # every group is evaluated at the same thresholds
         # as COCOeval._summarize: the mean over the valid entries of precision[T, R, K] (at IoU 0.5 for map50)
         t50 = np.where(iou_thrs == 0.5)[0]
         m, m50 = _valid_mean(precision), _valid_mean(precision[t50])
         p, r = _best_f1_point(precision, rec_thrs)
-        return {"map": max(m, 0.0), "map50": max(m50, 0.0), "precision": p, "recall": r}
+        return {
+            "map": max(m, 0.0),
+            "map50": max(m50, 0.0),
+            "precision": p,
+            "recall": r,
+            "per_class": per_class_table(self.names, gt, precision, rec_thrs, iou_thrs),
+            "curves": curves(precision, rec_thrs, iou_thrs, dt, tp, gt),
+            "boxes": boxes,
+        }
 
     def _images_and_gt(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """-> image ids, images (I, 3) id, height, width, ground truth rows (n, 6) of those images."""
@@ -170,7 +193,7 @@ class EvalProcess:
 
     def run(
         self, images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         pool = self._get_pool()
         if pool is not None:
             try:
@@ -239,23 +262,31 @@ def _category_groups(classes: np.ndarray, nc: int, workers: int) -> list[np.ndar
     return [np.sort(np.array(g, np.int64)) for g in groups if g]
 
 
-def _evaluate(
+def coco_dicts(
     images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """faster-coco-eval on these images and categories -> precision (T, R, K) at area 'all' and MAX_DETS, the
-    recall thresholds (R,) and the IoU thresholds (T,)."""
-    quiet = {"print_function": lambda *a, **k: None}
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """-> COCO's image, category, ground-truth and detection dicts of these arrays (images (I, 3) id, height, width;
+    gt (n, 6) image id, class, x1, y1, x2, y2; dt (m, 7) the same and score)."""
     categories = [{"id": int(c), "name": str(int(c))} for c in cats]
     img_dicts = [{"id": int(i), "height": int(h), "width": int(w)} for i, h, w in images.tolist()]
+    return img_dicts, categories, _annotations(gt, None), _annotations(dt[:, :6], dt[:, 6])
+
+
+def _evaluate(
+    images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """faster-coco-eval on these images and categories -> precision (T, R, K) at area 'all' and MAX_DETS, the
+    recall thresholds (R,), the IoU thresholds (T,) and which detections (dt's rows) the evaluator matched to an
+    object at IoU 0.5 or more."""
+    quiet = {"print_function": lambda *a, **k: None}
     enabled = gc.isenabled()
     gc.disable()  # see the module docstring
     try:
         from faster_coco_eval import COCO, COCOeval_faster  # on first use: not part of a run's start-up
 
-        cgt = COCO({"images": img_dicts, "annotations": _annotations(gt, None), "categories": categories}, **quiet)
-        cdt = COCO(
-            {"images": img_dicts, "annotations": _annotations(dt[:, :6], dt[:, 6]), "categories": categories}, **quiet
-        )
+        img_dicts, categories, gt_anns, dt_anns = coco_dicts(images, gt, dt, cats)
+        cgt = COCO({"images": img_dicts, "annotations": gt_anns, "categories": categories}, **quiet)
+        cdt = COCO({"images": img_dicts, "annotations": dt_anns, "categories": categories}, **quiet)
         ev = COCOeval_faster(cgt, cdt, "bbox", **quiet)
         p = ev.params
         p.areaRng, p.areaRngLbl, p.maxDets = p.areaRng[:1], p.areaRngLbl[:1], [MAX_DETS]
@@ -264,7 +295,10 @@ def _evaluate(
     finally:
         if enabled:
             gc.enable()
-    return ev.eval["precision"][:, :, :, 0, 0], np.asarray(p.recThrs), np.asarray(p.iouThrs)
+    # its matches, "detection id_object id" -> IoU; detection ids are dt's rows from 1 (_annotations)
+    tp = np.zeros(len(dt), bool)
+    tp[[int(k.split("_", 1)[0]) - 1 for k, iou in ev.eval["matched"].items() if iou >= 0.5]] = True
+    return ev.eval["precision"][:, :, :, 0, 0], np.asarray(p.recThrs), np.asarray(p.iouThrs), tp
 
 
 def _annotations(rows: np.ndarray, scores: np.ndarray | None) -> list[dict[str, Any]]:

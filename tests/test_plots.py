@@ -1,0 +1,131 @@
+"""The pictures a run leaves in its folder (libreyolo/plots): every plot of a detection run and of a classifier run
+exists, opens as an image of a sensible size and is not blank; plots=false writes none; the writer keeps only the
+first three batches of the first epoch, goes on without matplotlib (one warning) and never fails the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.events import read_events
+from libreyolo.plots import PlotWriter, figures
+from libreyolo.plots import writer as W
+
+DETECT_PLOTS = [
+    "results.png",
+    "PR_curve.png",
+    "F1_curve.png",
+    "P_curve.png",
+    "R_curve.png",
+    "confusion_matrix.png",
+    "confusion_matrix_normalized.png",
+    "labels.jpg",
+    *(f"train_batch{k}.jpg" for k in range(3)),
+    *(f"val_batch{k}_{kind}.jpg" for k in range(3) for kind in ("labels", "pred")),
+]
+CLASSIFY_PLOTS = [
+    "results.png",
+    "confusion_matrix.png",
+    "confusion_matrix_normalized.png",
+    "topk.png",
+    "misclassified.jpg",
+    *(f"train_batch{k}.jpg" for k in range(3)),
+]
+FAST = dict(imgsz=64, batch=4, workers=0, device="cpu", warmup_epochs=0)
+
+
+def assert_pictures(run: Path, names: list[str]) -> None:
+    for name in names:
+        img = cv2.imread(str(run / name))
+        assert img is not None, f"{name} is missing or unreadable"
+        assert min(img.shape[:2]) >= 100 and max(img.shape[:2]) <= 4000, (name, img.shape)
+        assert img.reshape(-1, 3).std(0).max() > 5, f"{name} is blank"
+    assert not list(run.glob(".*tmp*")), "a temporary file was left behind"
+
+
+@pytest.fixture(scope="module")
+def plot_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 training images (four batches of 4) and 24 validation images (three batches of the validation loader's 8)."""
+    from libreyolo.data.shapes import make_shapes
+
+    return make_shapes(tmp_path_factory.mktemp("plots") / "shapes", n_train=16, n_val=24, size=64)
+
+
+def test_a_detection_run_leaves_every_plot(plot_data: Path, tmp_path: Path) -> None:
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(data=str(plot_data), project=str(tmp_path), epochs=2, **FAST)
+    run = m.last_run
+    assert_pictures(run, DETECT_PLOTS)
+    warnings = [e for e in read_events(run / "events.jsonl") if e["type"] == "warning" and e["code"] == "plots"]
+    assert warnings == []
+
+
+def test_plots_false_writes_none(plot_data: Path, tmp_path: Path) -> None:
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(data=str(plot_data), project=str(tmp_path), epochs=1, plots=False, **FAST)
+    assert sorted(p.name for p in m.last_run.iterdir() if p.suffix in (".png", ".jpg")) == []
+
+
+def test_a_classifier_run_leaves_its_plots(tmp_path: Path) -> None:
+    from test_classify import image_folder
+
+    data = image_folder(tmp_path / "folder", per_class=6)
+    m = LibreYOLO("LibreResNet18")
+    m.train(data=str(data), project=str(tmp_path / "runs"), epochs=1, **{**FAST, "imgsz": 32})
+    run = m.last_run
+    assert_pictures(run, CLASSIFY_PLOTS)
+    assert not (run / "PR_curve.png").exists() and not (run / "labels.jpg").exists()
+
+
+def _batch(b: int = 2, size: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    img = torch.randint(0, 255, (b, size, size, 3), dtype=torch.uint8)
+    targets = torch.tensor([[[0, 5, 5, 30, 30], [1, 20, 20, 60, 50]]] * b, dtype=torch.float32)
+    return img, targets, torch.ones(b, 2, dtype=torch.bool)
+
+
+def test_only_the_first_three_batches_of_the_first_epoch_are_kept(tmp_path: Path, monkeypatch) -> None:
+    w = PlotWriter(tmp_path, ["a", "b"], "detect", epochs=3)
+    copies = []
+    real = W.J.to_host
+    monkeypatch.setattr(W.J, "to_host", lambda t: copies.append(1) or real(t))
+    for epoch in (1, 2):  # a resumed run: its first epoch is 1
+        for _ in range(5):
+            w.train_batch(epoch, *_batch())
+    w.close()
+    assert len(copies) == 3
+    assert sorted(p.name for p in tmp_path.glob("*.jpg")) == [f"train_batch{k}.jpg" for k in range(3)]
+    assert_pictures(tmp_path, [f"train_batch{k}.jpg" for k in range(3)])
+
+
+def test_without_matplotlib_one_warning_and_the_mosaics_still_come(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(figures, "available", lambda: False)
+    said: list[str] = []
+    labels = [np.array([[0, 0.5, 0.5, 0.2, 0.2]], np.float32)]
+    w = PlotWriter(tmp_path, ["a", "b"], "detect", epochs=1, train_labels=labels, warn=said.append)
+    w.train_batch(0, *_batch())
+    w.validation(0, {"map50": 0.0, "curves": None, "boxes": None})
+    w.close()
+    assert len(said) == 1 and "matplotlib" in said[0] and "libreyolo[plots]" in said[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["train_batch0.jpg"]
+
+
+def test_a_failing_plot_is_reported_once_and_the_run_goes_on(tmp_path: Path) -> None:
+    said: list[str] = []
+    w = PlotWriter(tmp_path, ["a"], "detect", epochs=1, warn=said.append)
+    (tmp_path / "results.csv").write_text("epoch,time,metrics/mAP50(B)\nnot a number,1,0.5\n")
+    w.validation(0, {"map50": 0.0, "curves": None, "boxes": None})
+    w.close()
+    assert len(said) == 1 and "results failed" in said[0] and "ValueError" in said[0]
+
+
+def test_disabled_writer_does_nothing(tmp_path: Path) -> None:
+    w = PlotWriter(tmp_path, ["a"], "detect", enabled=False, train_labels=[np.zeros((1, 5), np.float32)])
+    w.train_batch(0, *_batch())
+    w.validation(0, {"map50": 0.0, "curves": None, "boxes": None})
+    w.close()
+    assert list(tmp_path.iterdir()) == []
