@@ -150,14 +150,20 @@ class LibreYOLO:
         max_det: int = 300,
         multi_label: bool | str = "auto",
         top_k: int = 5,
-    ) -> list[Any]:
-        """Detect objects in images: a path, a folder, a numpy array in OpenCV's channel order (gray, BGR or
-        BGRA, uint8), a PIL image, or a list of them. -> `Predictions`, a list of `Results` (one per readable
-        image) whose `skipped` lists the files that could not be read. multi_label auto is false here (one class
-        per box); val() uses true: pass the same value to both to reproduce val's mAP from these detections.
+        stream: bool = False,
+    ) -> Any:
+        """Detect objects in images and videos: a path (image or video), a folder (both), a glob, a camera index
+        or stream URL, a numpy array in OpenCV's channel order (gray, BGR or BGRA, uint8), a PIL image, or a list of
+        them (libreyolo/sources). -> `Predictions`, a list of `Results` (one per readable image or frame) whose
+        `skipped` lists the files that could not be read; stream=True: a `PredictStream` that yields them one frame
+        at a time instead, holding only the frames of the batch being predicted (use it for videos and cameras).
+        multi_label auto is false here (one class per box); val() uses true: pass the same value to both to
+        reproduce val's mAP from these detections.
         A classifier returns `ClassResults` instead: its top-k classes and probabilities, k = top_k."""
         task = get_task(self.family.task).implementation()
-        return task.predict(self, source, conf, iou, imgsz or self.imgsz, device, max_det, multi_label, top_k)
+        streaming = {"stream": True} if stream else {}  # a plug-in task's predict may not take it
+        size = imgsz or self.imgsz
+        return task.predict(self, source, conf, iou, size, device, max_det, multi_label, top_k, **streaming)
 
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.net.parameters())

@@ -7,7 +7,6 @@ import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import cv2
@@ -15,12 +14,12 @@ import numpy as np
 import torch
 
 from libreyolo.data.augment import letterbox
-from libreyolo.data.config import IMG_EXTS
 from libreyolo.data.dataset import read_image
 from libreyolo.distributed.device import first_device
 from libreyolo.errors import DataError
 from libreyolo.eval.validator import to_input, to_original
 from libreyolo.nn.nms import split_detections
+from libreyolo.sources import open_source
 
 
 @dataclass
@@ -54,43 +53,33 @@ class Predictions(list):
         self.skipped: list[tuple[str, str]] = list(skipped or [])
 
 
+class PredictStream(Iterator[Any]):
+    """stream=True: the results one frame at a time, read, predicted and handed on as the caller asks for them;
+    `skipped` fills as unreadable images are met. `close()` (or the end) releases the video being read."""
+
+    def __init__(self, results: Iterator[Any], skipped: list[tuple[str, str]]):
+        self._results, self.skipped = results, skipped
+
+    def __next__(self) -> Any:
+        return next(self._results)
+
+    def close(self) -> None:
+        close = getattr(self._results, "close", None)
+        if close is not None:
+            close()
+
+
+def run_or_stream(results: Iterator[Any], into: Predictions, stream: bool) -> Predictions | PredictStream:
+    """Every result in a list (`into`, whose skipped the reading fills), or, with stream, an iterator of them."""
+    if stream:
+        return PredictStream(results, into.skipped)
+    for r in results:
+        into.append(r)
+    return into
+
+
 class UnreadableImageWarning(UserWarning):
     """An image of a predict source could not be read: it is skipped, the others are predicted."""
-
-
-def to_rgb(arr: np.ndarray) -> np.ndarray:
-    """A numpy image in OpenCV's channel order, as cv2.imread gives it: gray (H, W) or (H, W, 1), BGR (H, W, 3) or
-    BGRA (H, W, 4), uint8 -> RGB (H, W, 3) uint8, the order the network was trained on."""
-    if arr.dtype != np.uint8:
-        raise DataError(f"a numpy image must be uint8 (0..255), got {arr.dtype}; convert it, e.g. img.astype(np.uint8)")
-    if arr.ndim == 3 and arr.shape[2] == 1:
-        arr = arr[..., 0]
-    if arr.ndim == 2:
-        return cv2.cvtColor(arr, cv2.COLOR_GRAY2RGB)
-    if arr.ndim == 3 and arr.shape[2] == 3:
-        return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
-    if arr.ndim == 3 and arr.shape[2] == 4:
-        return cv2.cvtColor(arr, cv2.COLOR_BGRA2RGB)
-    raise DataError(
-        f"a numpy image must be (H, W) gray, (H, W, 1), (H, W, 3) BGR or (H, W, 4) BGRA, got shape {arr.shape}"
-    )
-
-
-def _sources(source: Any) -> list[tuple[str | None, np.ndarray | None]]:
-    """Paths, folders, lists, numpy arrays (OpenCV's order: gray, BGR or BGRA) or PIL images -> (path, RGB array
-    or None: read from the path later)."""
-    if isinstance(source, (list, tuple)):
-        return [x for s in source for x in _sources(s)]
-    if isinstance(source, np.ndarray):
-        return [(None, to_rgb(source))]
-    if hasattr(source, "convert") and hasattr(source, "size"):  # PIL image
-        return [(None, np.asarray(source.convert("RGB")))]
-    p = Path(os.fspath(source))
-    if p.is_dir():
-        return [(str(f), None) for f in sorted(p.iterdir()) if f.suffix.lower() in IMG_EXTS]
-    if not p.is_file():
-        raise DataError(f"source {p} does not exist (pass an image, a folder of images, or a list)")
-    return [(str(p), None)]
 
 
 def _read(path: str) -> tuple[np.ndarray | None, str]:
@@ -103,13 +92,15 @@ def _read(path: str) -> tuple[np.ndarray | None, str]:
 
 
 def read_batches(source: Any, batch: int, results: Predictions) -> Iterator[list[tuple[str | None, np.ndarray]]]:
-    """The source's images, read, in batches of up to `batch` (path or None, RGB array). An unreadable image is
-    skipped: a warning names it and `results.skipped` lists it; once the batches are done, no readable image at
-    all (nothing appended to `results`) is an error."""
-    items = _sources(source)
-    for start in range(0, len(items), batch):
+    """The source's images and video frames (libreyolo.sources), read as the batches are asked for, in batches of up
+    to `batch` (path or None, RGB array); a live stream's in batches of 1. An unreadable image is skipped: a warning
+    names it and `results.skipped` lists it; once the batches are done, no readable image at all is an error."""
+    src = open_source(source)
+    seen = read = 0
+    for items in src.chunks(1 if src.live else batch):
         ok = []
-        for path, arr in items[start : start + batch]:
+        seen += len(items)
+        for path, arr in items:
             img, why = (arr, "") if arr is not None else _read(str(path))
             if img is None:
                 results.skipped.append((str(path), why))
@@ -118,14 +109,14 @@ def read_batches(source: Any, batch: int, results: Predictions) -> Iterator[list
                 continue
             ok.append((path, img))
         if ok:
+            read += len(ok)
             yield ok
-    if items and not results:
+    if seen and not read:
         shown = "; ".join(f"{f}: {why}" for f, why in results.skipped[:3])
         more = f" (and {len(results.skipped) - 3} more)" if len(results.skipped) > 3 else ""
-        raise DataError(f"none of the {len(items)} images could be read: {shown}{more}")
+        raise DataError(f"none of the {seen} images could be read: {shown}{more}")
 
 
-@torch.no_grad()
 def run_predict(
     model: Any,
     source: Any,
@@ -136,12 +127,30 @@ def run_predict(
     max_det: int = 300,
     batch: int = 8,
     multi_label: bool = False,
-) -> Predictions:
+    stream: bool = False,
+) -> Predictions | PredictStream:
     """An unreadable image is skipped (a warning names it, `Predictions.skipped` lists it) and the others are
-    predicted; only when none can be read is it an error."""
+    predicted; only when none can be read is it an error. stream: an iterator of the results instead of a list."""
+    results = Predictions()
+    kw = {"conf": conf, "iou": iou, "imgsz": imgsz, "max_det": max_det, "batch": batch, "multi_label": multi_label}
+    return run_or_stream(_detect(model, source, device, results, **kw), results, stream)
+
+
+@torch.no_grad()
+def _detect(
+    model: Any,
+    source: Any,
+    device: str,
+    results: Predictions,
+    conf: float,
+    iou: float,
+    imgsz: int,
+    max_det: int,
+    batch: int,
+    multi_label: bool,
+) -> Iterator[Results]:
     dev = first_device(device)
     net = model.net.to(dev).eval()
-    results = Predictions()
     for batch_items in read_batches(source, batch, results):
         imgs, metas = [], []
         for path, img in batch_items:
@@ -158,8 +167,7 @@ def run_predict(
         )
         packed = to_original(packed, lb[:, 0], lb[:, 1:3], lb[:, 3:5]).cpu()
         for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas, strict=True):
-            results.append(Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img))
-    return results
+            yield Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img)
 
 
 def _caller() -> int:

@@ -3,6 +3,7 @@ top-k classes with their probabilities, one device-to-host copy per batch."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 from libreyolo.data.augment import center_crop
 from libreyolo.distributed.device import first_device
 from libreyolo.eval.validator import to_input
-from libreyolo.predict import Predictions, read_batches
+from libreyolo.predict import Predictions, PredictStream, read_batches, run_or_stream
 
 
 @dataclass
@@ -40,17 +41,24 @@ class ClassResults:
         ]
 
 
+def run_classify(
+    model: Any, source: Any, device: str, imgsz: int, top_k: int = 5, batch: int = 32, stream: bool = False
+) -> Predictions | PredictStream:
+    """-> a `ClassResults` per readable image (stream: an iterator of them). An unreadable image is skipped (a
+    warning names it, `Predictions.skipped` lists it); none readable is an error."""
+    results = Predictions()
+    return run_or_stream(_classify(model, source, device, imgsz, top_k, batch, results), results, stream)
+
+
 @torch.no_grad()
-def run_classify(model: Any, source: Any, device: str, imgsz: int, top_k: int = 5, batch: int = 32) -> Predictions:
-    """-> a `ClassResults` per readable image. An unreadable image is skipped (a warning names it,
-    `Predictions.skipped` lists it); none readable is an error."""
+def _classify(
+    model: Any, source: Any, device: str, imgsz: int, top_k: int, batch: int, results: Predictions
+) -> Iterator[ClassResults]:
     dev = first_device(device)
     net = model.net.to(dev).eval()
-    results = Predictions()
     for batch_items in read_batches(source, batch, results):
         views = [center_crop(img, imgsz) for _, img in batch_items]
         x = to_input(torch.from_numpy(np.stack(views)), dev)
         out = model.family.postprocess(net, net(x), (imgsz, imgsz), max_det=top_k).cpu()  # (B, k, 2)
         for (path, img), row in zip(batch_items, out, strict=True):
-            results.append(ClassResults(row[:, 0].long(), row[:, 1], model.names, img.shape[:2], path, img))
-    return results
+            yield ClassResults(row[:, 0].long(), row[:, 1], model.names, img.shape[:2], path, img)

@@ -19,7 +19,8 @@ class TaskImpl:
     dataset: type
     # eval.validator.start_validation's signature -> a PendingValidation of the task's metrics
     start_validation: Callable[..., Any]
-    # (model, source, conf, iou, imgsz, device, max_det, multi_label, top_k) -> per-image results
+    # (model, source, conf, iou, imgsz, device, max_det, multi_label, top_k) -> per-image results; model.predict passes
+    # stream=True only when asked for it: then an iterator of them, one image or video frame at a time
     predict: Callable[..., Any]
     # the validation's graph warms up beside the first training steps (its NMS and evaluation too)
     warm_validation: bool = False

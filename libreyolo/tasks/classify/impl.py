@@ -70,12 +70,13 @@ def predict(
     max_det: int,
     multi_label: bool | str,
     top_k: int,
+    stream: bool = False,
 ) -> Any:
-    """The top-k classes and probabilities per image (`ClassResults`), k = top_k."""
+    """The top-k classes and probabilities per image (`ClassResults`, or with stream an iterator of them), k = top_k."""
     from libreyolo.predict_cls import run_classify
 
     k = TrainConfig.parse_value("max_det", top_k)
-    return run_classify(model, source, TrainConfig.parse_value("device", device), imgsz, k)
+    return run_classify(model, source, TrainConfig.parse_value("device", device), imgsz, k, stream=stream)
 
 
 IMPL = TaskImpl(

@@ -28,14 +28,16 @@ def predict(
     max_det: int,
     multi_label: bool | str,
     top_k: int,
+    stream: bool = False,
 ) -> Any:
-    """Boxes per image (`Predictions` of `Results`); multi_label auto is false here (one class per box)."""
+    """Boxes per image (`Predictions` of `Results`, or with stream an iterator of them); multi_label auto is false
+    here (one class per box)."""
     from libreyolo.predict import run_predict
 
     kw: dict[str, Any] = {"conf": conf, "iou": iou, "imgsz": imgsz, "device": device, "max_det": max_det}
     kw = {k: TrainConfig.parse_value(k, v) for k, v in {**kw, "multi_label": multi_label}.items()}
     kw["multi_label"] = resolve_multi_label(kw["multi_label"], "predict")
-    return run_predict(model, source, **kw)
+    return run_predict(model, source, **kw, stream=stream)
 
 
 IMPL = TaskImpl(
