@@ -81,6 +81,20 @@ class TrainConfig:
         'needs pip install "libreyolo[tensorboard]"',
         "run",
     )
+    mlflow: bool = opt(
+        False,
+        K.boolean,
+        "log params, per-epoch metrics, the run's plots and best.pt to MLflow: the server MLFLOW_TRACKING_URI names, "
+        'else a file store in ./mlruns; needs pip install "libreyolo[mlflow]" (docs/trackers.md)',
+        "run",
+    )
+    wandb: bool = opt(
+        False,
+        K.boolean,
+        "log the same to Weights & Biases, offline (wandb sync later) where there is no network or API key; "
+        'needs pip install "libreyolo[wandb]"',
+        "run",
+    )
     save_period: int = opt(-1, K.integer, "also save weights/epochN.pt every N epochs (-1: never)", "run")
     cache: bool | str = opt(
         "auto",

@@ -172,10 +172,14 @@ class LibreYOLO:
 
 
 def run_extensions(cfg: TrainConfig) -> list[Any]:
-    """What a run attaches to its trainer: the profiler's window with profile=true (imported only then: profile=false
-    costs nothing)."""
+    """What a run attaches to its trainer: the experiment trackers (mlflow=true, wandb=true: a missing package is an
+    error before the run starts; a resumed run's own keys decide), the profiler's window with profile=true (imported
+    only then: profile=false costs nothing)."""
+    from libreyolo import trackers
+
+    trackers.require(cfg)
     if not cfg.profile:
-        return []
+        return [trackers.attach]
     from libreyolo.profiler import attach
 
-    return [attach]
+    return [trackers.attach, attach]
