@@ -72,13 +72,48 @@ def test_mlflow_logs_params_both_epochs_metrics_and_the_artifacts(tiny_data, tmp
     assert local.read_bytes() == (m.last_run / "weights" / "best.pt").read_bytes()
 
 
+class _StopAtEpoch:
+    """Ctrl-C as the second epoch starts (module level: an ordinary callback)."""
+
+    def __call__(self, e):
+        if e.type == "epoch_start" and e.epoch == 1:
+            raise KeyboardInterrupt
+
+
+def test_a_resumed_run_goes_on_in_the_same_mlflow_run(tiny_data, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason='mlflow is not installed: pip install "libreyolo[mlflow]"')
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        LibreYOLO("LibreYOLO9t").train(
+            data=str(tiny_data), project=str(tmp_path / "runs"), mlflow=True, callbacks=[_StopAtEpoch()], **TWO_EPOCHS
+        )
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    exp = client.get_experiment_by_name(str(tmp_path / "runs"))
+    (first,) = client.search_runs([exp.experiment_id])
+    assert first.info.status == "KILLED"
+    last = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    LibreYOLO(last).train(resume=True, model=str(last))
+
+    (run,) = client.search_runs([exp.experiment_id])  # still one run: the resumed run logged into it
+    assert run.info.run_id == first.info.run_id and run.info.status == "FINISHED"
+    assert run.data.params["epochs"] == "2"
+    steps = [h.step for h in client.get_metric_history(run.info.run_id, "train/box_loss")]
+    assert steps == [1, 2]
+    events = list(read_events(tmp_path / "runs" / "exp" / "events.jsonl"))
+    assert not [e for e in events if e["type"] == "warning" and e["code"] == "tracker"]
+
+
 class Raising:
     name = "mlflow"
 
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def start(self, run_dir, project, params):
+    def start(self, run_dir, project, params, resumed):
         self.calls.append("start")
 
     def metrics(self, values, epoch):

@@ -68,7 +68,8 @@ def attach(trainer: RunLoop) -> list[Tracker]:
             ended["run_end"] = True
 
     config, task = cfg.to_dict(), s.family.task
-    trackers = [Tracker(backend(k), s.run_dir, str(cfg.project), config, task, warn) for k in requested(cfg)]
+    made = [(backend(k), s.run_dir, str(cfg.project), config, task, warn, s.resumed) for k in requested(cfg)]
+    trackers = [Tracker(*args) for args in made]
     s.sinks.extend([watch_end, *trackers])
     s.closers.extend(t.close for t in trackers)
     return trackers

@@ -33,7 +33,8 @@ STATUS = {"finished": "FINISHED", "early_stop": "FINISHED", "profiled": "FINISHE
 class Backend(Protocol):
     name: str
 
-    def start(self, run_dir: Path, project: str, params: dict[str, Any]) -> None: ...
+    def start(self, run_dir: Path, project: str, params: dict[str, Any], resumed: bool) -> None:
+        """resumed: a run continued from its last.pt; the backend continues the run it started then, if it can."""
 
     def metrics(self, values: dict[str, float], epoch: int) -> None: ...
 
@@ -55,6 +56,7 @@ class Tracker:
         config: dict[str, Any],
         task: str,
         warn: Callable[[str], None],
+        resumed: bool = False,
     ):
         """warn: says one line to the user (an event while the run emits them, stderr after)."""
         self.backend, self.run_dir, self._warn = backend, Path(run_dir), warn
@@ -64,7 +66,7 @@ class Tracker:
         self._task: Task = TASKS.get(task, DETECT)  # results.csv's column names are the task's
         self._end: ev.RunEnd | None = None
         self._thread = threading.Thread(target=self._work, name=f"libreyolo-{backend.name}", daemon=True)
-        self._q.put(("start", (self.run_dir, project, params_of(config))))
+        self._q.put(("start", (self.run_dir, project, params_of(config), resumed)))
         self._thread.start()
 
     # --- the training side: only queue puts, never a backend call ------------------------------------

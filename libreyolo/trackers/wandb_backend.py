@@ -1,7 +1,8 @@
 """wandb=true: the run in Weights & Biases. Online where W&B can be reached with an API key (WANDB_API_KEY or
 `wandb login`'s ~/.netrc), offline everywhere else: the run is kept in <run dir>/wandb/offline-run-*, and
 `wandb sync <that folder>` uploads it later. WANDB_MODE, where it is set, decides instead. The W&B project is
-WANDB_PROJECT, else the run's project with / as - (runs-train); the W&B run is named after the run folder.
+WANDB_PROJECT, else the run's project with / as - (runs-train); the W&B run is named after the run folder, and
+its id is kept there (wandb_run_id.txt) so that a resumed run continues it (W&B's resume="allow").
 
 Metrics are logged against `epoch` (define_metric), not W&B's own step: on a GPU an epoch's validation lands while
 the next epoch trains, after that epoch's losses, and W&B drops a step that goes backwards."""
@@ -17,6 +18,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 PROBE_TIMEOUT_S = 2.0
+ID_FILE = "wandb_run_id.txt"
 
 
 def wandb_mode() -> str:
@@ -47,12 +49,14 @@ class WandbBackend:
         self.run: Any = None
         self.run_dir = Path()
 
-    def start(self, run_dir: Path, project: str, params: dict[str, str]) -> None:
+    def start(self, run_dir: Path, project: str, params: dict[str, str], resumed: bool) -> None:
         import wandb
 
         self.run_dir = run_dir
         # no system-metrics sampling: W&B's process would take CPU time from the loader workers
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False)
+        id_file = run_dir / ID_FILE
+        run_id = id_file.read_text(encoding="utf-8").strip() if resumed and id_file.is_file() else None
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or project.strip("/").replace("/", "-") or "libreyolo",
             name=run_dir.name,
@@ -60,7 +64,10 @@ class WandbBackend:
             config=params,
             mode=wandb_mode(),  # type: ignore[arg-type]
             settings=settings,
+            id=run_id,
+            resume="allow" if run_id else None,
         )
+        id_file.write_text(self.run.id + "\n", encoding="utf-8")
         self.run.define_metric("epoch")
         self.run.define_metric("*", step_metric="epoch")
 
