@@ -4,8 +4,11 @@ memory; folders of images and videos, globs, cameras and URLs as sources."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import re
+import threading
 import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
@@ -161,6 +164,27 @@ def test_cameras_and_urls_are_live_sources(monkeypatch):
     monkeypatch.setattr(cv2, "VideoCapture", NoCamera)
     with pytest.raises(DataError, match="source camera3: OpenCV could not open the camera"):
         list(open_source("3"))
+
+
+def test_a_stream_url_is_predicted_frame_by_frame_and_recorded(checkpoint, tmp_path, capsys):
+    """An http:// source through OpenCV's FFmpeg: a live stream (no known length, batches of 1), recorded at the
+    rate and size the stream reports."""
+    make_video(tmp_path / "cam.mp4", 12, (64, 48), 10.0)
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/cam.mp4"
+    try:
+        argv = ["predict", f"model={checkpoint}", f"source={url}", "device=cpu", "save=true"]
+        assert main([*argv, f"project={tmp_path / 'out'}"]) == 0
+    finally:
+        server.shutdown()
+    assert video_props(tmp_path / "out" / "exp" / "cam.mp4") == (12, 10.0, 64, 48)
+    assert capsys.readouterr().out.splitlines()[11].startswith(f"{url} frame 11: ")
 
 
 def test_a_classifier_streams_and_saves_its_top_k(tmp_path):
