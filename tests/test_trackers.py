@@ -186,6 +186,34 @@ def test_wandb_keeps_an_offline_run_without_a_network(tiny_data, tmp_path, monke
     assert not [e for e in events if e["type"] == "warning" and e["code"] == "tracker"]
 
 
+def test_an_event_the_tracker_cannot_read_is_skipped_with_one_warning(tmp_path):
+    from libreyolo import events as ev
+
+    class Recording(Raising):
+        def metrics(self, values, epoch):
+            self.calls.append((epoch, values))
+
+    rec, warned = Recording(), []
+    t = base.Tracker(rec, tmp_path, "p", {"epochs": 2}, "detect", warned.append)
+    val = ev.Val(
+        epoch=0, losses={"box": 0.5}, images=8, time_s=0.1, eval_s=0.1, metrics={"precision": None, "map": 0.25}
+    )
+    bad = dict(losses={"box": 1.0}, lr=None, time_s=1.0, img_s=8.0, fitness=None, best_fitness=None, skipped_images=0)
+    t(val)  # a metric the run could not compute (None) is left out, the others are logged
+    t(ev.EpochEnd(epoch=0, **bad))  # lr=None: the tracker cannot read it; the training thread gets no exception
+    t(ev.EpochEnd(epoch=1, **bad))  # skipped too, without a second warning
+    t(ev.Val(epoch=1, losses={"box": 0.4}, images=8, time_s=0.1, eval_s=0.1, metrics={"map": 0.5}))
+    t.close()
+    assert rec.calls == [
+        "start",
+        (1, {"metrics/mAP50-95B": 0.25, "val/box_loss": 0.5}),
+        (2, {"metrics/mAP50-95B": 0.5, "val/box_loss": 0.4}),
+        "artifacts",
+        "finish",
+    ]
+    assert len(warned) == 1 and warned[0].startswith("mlflow: skipped epoch_end events it cannot read (AttributeError")
+
+
 @pytest.mark.parametrize("key", ["mlflow", "wandb"])
 def test_a_missing_tracker_package_says_how_to_install_it(key, tiny_data, tmp_path, monkeypatch, capsys):
     real = importlib.util.find_spec

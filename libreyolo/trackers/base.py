@@ -63,6 +63,7 @@ class Tracker:
         self._q: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self.failed: str | None = None  # the backend's first error; nothing is sent after it
         self._reported = False
+        self._skipped = 0  # events that could not be read: the first is a warning, the tracker goes on
         self._task: Task = TASKS.get(task, DETECT)  # results.csv's column names are the task's
         self._end: ev.RunEnd | None = None
         self._thread = threading.Thread(target=self._work, name=f"libreyolo-{backend.name}", daemon=True)
@@ -75,15 +76,23 @@ class Tracker:
             if e.type != "run_end":  # the events after run_end are none: close() reports it then
                 self._report()
             return
+        try:
+            self._on(e)
+        except Exception as exc:  # noqa: BLE001 - an event the tracker cannot read must not end the run either
+            if not self._skipped:
+                self._warn(f"{self.backend.name}: skipped {e.type} events it cannot read ({type(exc).__name__}: {exc})")
+            self._skipped += 1
+
+    def _on(self, e: ev.Event) -> None:
         if isinstance(e, ev.EpochEnd):
             values = {**_losses("train", e.losses), **{f"lr/{k}": v for k, v in e.lr.items()}}
             values.update({"speed/epoch_s": e.time_s, "speed/img_s": e.img_s})
             if e.fitness is not None:
                 values["fitness"] = e.fitness
-            self._q.put(("metrics", (values, e.epoch + 1)))
+            self._q.put(("metrics", (_numbers(values), e.epoch + 1)))
         elif isinstance(e, ev.Val):
             metrics = {metric_key(m.column): e.metrics[m.name] for m in self._task.metrics if m.name in e.metrics}
-            self._q.put(("metrics", ({**metrics, **_losses("val", e.losses)}, e.epoch + 1)))
+            self._q.put(("metrics", (_numbers({**metrics, **_losses("val", e.losses)}), e.epoch + 1)))
         elif isinstance(e, ev.RunEnd):
             self._end = e
 
@@ -147,4 +156,9 @@ def metric_key(column: str) -> str:
 
 
 def _losses(prefix: str, losses: dict[str, float]) -> dict[str, float]:
-    return {f"{prefix}/{k}_loss": float(v) for k, v in losses.items()}
+    return {f"{prefix}/{k}_loss": v for k, v in losses.items()}
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, float]:
+    """The values that are numbers (a metric the run could not compute is None: left out), as floats."""
+    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
