@@ -51,8 +51,16 @@ class TrainConfig:
     name: str = opt("exp", K.text, "run folder name; exp, exp2, ... unless exist_ok", "run")
     exist_ok: bool = opt(False, K.boolean, "reuse an existing run folder instead of incrementing the name", "run")
     resume: bool | str = opt(False, K.resume, "true to continue the run's last.pt, or a path to a last.pt", "run")
-    pretrained: bool = opt(
-        True, K.boolean, "load weights when model names a .pt file; false builds the network untrained", "run"
+    pretrained: bool | str = opt(
+        True,
+        K.resume,
+        "a weights file to start from (this project's, LibreYOLO 1.6, official YOLOX, torchvision ResNet: "
+        "docs/weights.md), loading every tensor that fits the model and its classes; true: load weights when model "
+        "names a file; false: model=X.pt builds an untrained X",
+        "run",
+    )
+    freeze: int | str = opt(
+        0, K.freeze, "stop training the network's first N top-level modules, or its backbone (0: none)", "run"
     )
     seed: int = opt(0, K.integer, "random seed for weights, sampling and augmentation", "run")
     deterministic: bool = opt(False, K.boolean, "use deterministic algorithms (slower on GPU)", "run")

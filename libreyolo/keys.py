@@ -173,6 +173,26 @@ def resume(v: Any) -> bool | str:
     return boolean(v)
 
 
+def freeze(v: Any) -> int | str:
+    """freeze=: 0 (or false: nothing), a count N of the network's first top-level modules, or backbone."""
+    if isinstance(v, str) and v.strip().lower() == "backbone":
+        return "backbone"
+    if v is False or (isinstance(v, str) and v.strip().lower() in FALSE):
+        return 0
+    n = -1 if isinstance(v, bool) else integer(v) if _is_integer(v) else -1
+    if n < 0:
+        raise ValueError("backbone or a number of modules (0: none)")
+    return n
+
+
+def _is_integer(v: Any) -> bool:
+    try:
+        integer(v)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Key:
     """One training key: TrainConfig's own fields are declared with `opt`, a family's own keys (its loss

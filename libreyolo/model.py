@@ -16,35 +16,40 @@ from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
 from libreyolo.families import Family, get_family, model_names, parse_model_name
 from libreyolo.tasks import get_task
+from libreyolo.weights import SUFFIXES as WEIGHT_SUFFIXES
+from libreyolo.weights import load as read_weights
+from libreyolo.weights.transfer import start_from, transfer
 
 
 class LibreYOLO:
     """LibreYOLO("LibreYOLO9t") builds an untrained network; LibreYOLO("path/best.pt") loads one.
 
-    Nothing is ever downloaded: "LibreYOLO9t.pt" must exist on disk (or pass pretrained=False)."""
+    Nothing is ever downloaded: "LibreYOLO9t.pt" must exist on disk (or pass pretrained=False). A weights file may be
+    this project's checkpoint or a foreign one (LibreYOLO 1.6, official YOLOX, torchvision: docs/weights.md);
+    pretrained="file" with a model name builds that model and starts its training from the file."""
 
     def __init__(
         self,
         model: str | os.PathLike = "LibreYOLO9t",
         nc: int = 80,
         names: list[str] | None = None,
-        pretrained: bool = True,
+        pretrained: bool | str | os.PathLike = True,
     ):
         self.source = str(model)
         self._net: nn.Module | None = None  # a name's network is built on first use: train() builds its own instead
         self.trained = False  # False: random init, which train() may rebuild under its seed
         self.metrics: dict[str, float] = {}
         self.imgsz = 640
+        self.loaded_note = ""  # what a foreign weights file held (weights.load's one line)
+        self.pretrained = None if isinstance(pretrained, bool) else Path(pretrained)  # train()'s starting weights
         path = Path(self.source)
-        stem_match = parse_model_name(path.stem if path.suffix == ".pt" else self.source)
-        if path.suffix == ".pt" and (path.is_file() or pretrained or stem_match is None):
-            if not path.is_file():
-                hint = f" pretrained=false or model={path.stem} builds an untrained {path.stem};" if stem_match else ""
-                raise CheckpointError(f"{path} does not exist.{hint} nothing is downloaded, ever.")
-            self.load_record(load_checkpoint(path))
+        is_weights = path.suffix in WEIGHT_SUFFIXES
+        stem_match = parse_model_name(path.stem if is_weights else self.source)
+        if is_weights and (path.is_file() or pretrained is True or stem_match is None):
+            self.load_record(read_weights(path))  # a missing file: where such weights are published
             return
-        if stem_match is None and path.is_file():  # a checkpoint under another name (.pth), or a file that is not one
-            self.load_record(load_checkpoint(path))
+        if stem_match is None and path.is_file():  # a checkpoint under another name, or a file that is not one
+            self.load_record(read_weights(path))
             return
         if stem_match is None:
             raise ConfigError(
@@ -73,7 +78,13 @@ class LibreYOLO:
         return len(self.names)
 
     def load_record(self, ckpt: dict[str, Any]) -> None:
-        """Rebuild the network a checkpoint describes and load its weights."""
+        """Rebuild the network a checkpoint describes and load its weights (weights.load's record of a foreign file
+        too: its note is printed)."""
+        if ckpt.get("partial"):
+            raise CheckpointError(f"{ckpt['note']}: part of a network only; pass it as pretrained= to a model")
+        self.loaded_note = str(ckpt.get("note") or "")
+        if self.loaded_note:
+            print(self.loaded_note, flush=True)
         self.family: Family = get_family(ckpt["family"])
         self.size, self.names = ckpt["size"], list(ckpt["names"])
         self.net = self.family.build(self.size, len(self.names))
@@ -84,7 +95,8 @@ class LibreYOLO:
 
     def prepare_for_training(self, names: list[str], fresh: bool = True) -> nn.Module:
         """An untrained model is rebuilt (under the run's seed) for the dataset's classes; a trained one keeps
-        its weights, and if the class count differs, every tensor whose shape still fits is transferred."""
+        its weights, and if the class count differs, every tensor whose shape still fits is transferred. A new run
+        (fresh) with pretrained=file starts from that file's weights the same way; freeze= then applies."""
         if fresh and not self.trained:
             self.names = list(names)
             self.net = self.family.build(self.size, len(names))
@@ -92,9 +104,10 @@ class LibreYOLO:
             old = self.net.state_dict()
             self.names = list(names)
             self.net = self.family.build(self.size, len(names))
-            own = self.net.state_dict()
-            own.update({k: v for k, v in old.items() if k in own and own[k].shape == v.shape})
-            load_weights(self.net, own)
+            print(transfer(self.net, old, f"{self.model_name} weights for {len(names)} classes"), flush=True)
+        start = getattr(self, "_start", (None, 0))  # train()'s pretrained= file and freeze= value
+        for line in start_from(self, start[0] if fresh else None, start[1]):
+            print(line, flush=True)
         return self.net
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -111,6 +124,8 @@ class LibreYOLO:
         kwargs.setdefault("model", self.source)
         user_keys = set(kwargs)
         cfg = TrainConfig.from_overrides(kwargs, family=self.family)
+        pretrained = cfg.pretrained if isinstance(cfg.pretrained, str) else self.pretrained
+        self._start = (pretrained, cfg.freeze)  # read by prepare_for_training
         # several GPUs outside torchrun: one process per GPU (launch.py), each running this method
         from libreyolo.launch import spawn_ddp_train, spawn_plan
 

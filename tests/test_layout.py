@@ -153,7 +153,7 @@ LAYERS = (
     {"eval", "predict", "predict_cls"},
     {"tasks.impl", "plots"},
     {"engine"},
-    {"oom", "profiler", "launch", "val", "trackers"},
+    {"oom", "profiler", "launch", "val", "trackers", "weights"},
     {"model"},
     {"bench", "cli", "api"},
 )

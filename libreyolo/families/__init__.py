@@ -75,6 +75,12 @@ class Family:
     supports_ddp: bool = True
     defaults: dict[str, Any] = field(default_factory=dict)  # defaults of shared keys that differ for this family
     order: int = 100  # where --help, the docs and the console list it (the built-in families: 0-9)
+    # optional: "package.module" whose CONVERTERS (families/base.py's Converter) read foreign checkpoints of the
+    # family, imported only when a file is not a libreyolo checkpoint; and where such weights are published (the
+    # error for a weights name with no file says it: nothing is downloaded)
+    convert: str = ""
+    published: str = ""
+    backbone: tuple[str, ...] = ()  # the network's backbone modules (dotted name prefixes): freeze=backbone
 
     @property
     def keys(self) -> tuple[Key, ...]:
@@ -113,6 +119,10 @@ class Family:
                 got = self.impl
             _IMPLS[self.name] = got
         return got
+
+    def converters(self) -> tuple[Any, ...]:
+        """The family's foreign-checkpoint converters (families/base.py's Converter), imported on first use."""
+        return tuple(getattr(importlib.import_module(self.convert), "CONVERTERS", ())) if self.convert else ()
 
     @property
     def build(self) -> Any:

@@ -89,6 +89,34 @@ class HookContext:
 
 
 @dataclass(frozen=True)
+class Foreign:
+    """What a family's converter read from a foreign checkpoint: the size it holds, its weights in the family's own
+    layout (their names and shapes those of `build(size, nc)`), its class count, and its class names where the file
+    has them."""
+
+    size: str
+    state: dict[str, torch.Tensor]
+    nc: int
+    names: list[str] | None = None
+    imgsz: int | None = None
+    partial: bool = False  # a part of the network only (a classifier's weights as a detector's backbone): pretrained=
+
+
+@dataclass(frozen=True)
+class Converter:
+    """Reads one foreign checkpoint format of a family (the family's convert.py lists them in CONVERTERS).
+
+    read(tensors, meta): the file's weights (a flat name -> tensor dict) and its other top-level fields -> a
+    Foreign, or None when the file is not of this format; a file of this format that cannot load (a size this
+    project does not build) raises CheckpointError saying why. write(state, size): the family's own weights in this
+    format's layout (None: this format is read only)."""
+
+    format: str  # what it reads, as the note of what was read and the list of known formats name it
+    read: Callable[[dict[str, torch.Tensor], dict[str, Any]], Foreign | None]
+    write: Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]] | None = None
+
+
+@dataclass(frozen=True)
 class FamilyImpl:
     """A family's implementation. Every callable receives the family's own network class (see `own`)."""
 

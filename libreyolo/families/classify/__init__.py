@@ -34,7 +34,16 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _family(name: str, prefix: str, sizes: tuple[str, ...], impl: str, order: int) -> Family:
+def _family(
+    name: str,
+    prefix: str,
+    sizes: tuple[str, ...],
+    impl: str,
+    order: int,
+    backbone: tuple[str, ...],
+    convert: str = "",
+    published: str = "",
+) -> Family:
     return register(
         Family(
             name=name,
@@ -48,9 +57,27 @@ def _family(name: str, prefix: str, sizes: tuple[str, ...], impl: str, order: in
             supports_ddp=True,
             defaults=DEFAULTS,
             order=order,
+            convert=convert,
+            published=published,
+            backbone=backbone,
         )
     )
 
 
-RESNET = _family("resnet", "LibreResNet", ("18", "34", "50"), "RESNET", 3)
-MNV4 = _family("mnv4", "LibreMNv4", ("s", "m", "l"), "MNV4", 4)
+TORCHVISION = (
+    "torchvision publishes ImageNet ResNet weights (torchvision.models.ResNet18_Weights etc.; on a machine with a "
+    "network: torchvision.models.resnet18(weights='IMAGENET1K_V1') caches resnet18-f37072fd.pth under "
+    "~/.cache/torch/hub/checkpoints)"
+)
+RESNET_BACKBONE = ("body.conv1", "body.bn1", "body.layer1", "body.layer2", "body.layer3", "body.layer4")
+RESNET = _family(
+    "resnet",
+    "LibreResNet",
+    ("18", "34", "50"),
+    "RESNET",
+    3,
+    RESNET_BACKBONE,
+    "libreyolo.families.classify.convert",
+    TORCHVISION,
+)
+MNV4 = _family("mnv4", "LibreMNv4", ("s", "m", "l"), "MNV4", 4, ("features",))

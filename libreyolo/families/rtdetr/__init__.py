@@ -71,5 +71,6 @@ FAMILY = register(
         supports_ddp=False,
         defaults=DEFAULTS,
         order=2,
+        backbone=("features.backbone",),
     )
 )

@@ -31,5 +31,11 @@ FAMILY = register(
         supports_ddp=True,
         defaults={"amp": True, "sync_bn": True},
         order=0,
+        backbone=("stem", "b3", "b4", "b5"),
+        convert="libreyolo.families.yolo9.convert",
+        published=(
+            "LibreYOLO 1.6 publishes YOLOv9 weights at huggingface.co/LibreYOLO (LibreYOLO9m, LibreYOLO9c: a .pt or "
+            ".safetensors file)"
+        ),
     )
 )

@@ -55,5 +55,11 @@ FAMILY = register(
         supports_ddp=True,
         defaults=DEFAULTS,
         order=1,
+        backbone=("backbone",),
+        convert="libreyolo.families.yolox.convert",
+        published=(
+            "the official YOLOX weights are release assets of github.com/Megvii-BaseDetection/YOLOX (yolox_nano.pth "
+            "... yolox_x.pth); LibreYOLO 1.6's at huggingface.co/LibreYOLO (LibreYOLOXs and the other sizes)"
+        ),
     )
 )

@@ -1,0 +1,161 @@
+"""Weights files (libreyolo/weights): foreign formats found by content, safe loading, clear errors, torchvision
+ResNet as a classifier, the official YOLOX layout, pretrained= with another class count, and freeze=."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import NO_AUG, repeated_shapes
+
+from libreyolo import LibreYOLO
+from libreyolo.errors import CheckpointError, ConfigError
+from libreyolo.families import get_family
+from libreyolo.weights import write
+from libreyolo.weights.transfer import freeze
+
+
+def _randomise_bn(net: torch.nn.Module) -> None:
+    """Fresh BatchNorm is the identity: give it statistics, so that a wrong mapping of them shows."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.running_mean.shape, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+
+
+def test_a_missing_weights_file_says_where_such_files_are_published(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError) as e:
+        LibreYOLO("LibreYOLOXs.pt")
+    msg = str(e.value)
+    assert "LibreYOLOXs.pt does not exist" in msg and "nothing is downloaded" in msg
+    assert "Megvii-BaseDetection/YOLOX" in msg and "pretrained=path" in msg and "model=LibreYOLOXs builds" in msg
+    with pytest.raises(CheckpointError, match="yolox_s.pth does not exist"):
+        LibreYOLO("yolox_s.pth")
+
+
+def test_an_unknown_file_names_itself_and_the_known_formats(tmp_path):
+    odd = tmp_path / "odd.pt"
+    torch.save({"model": {"encoder.weight": torch.zeros(3)}}, odd)
+    with pytest.raises(CheckpointError) as e:
+        LibreYOLO(odd)
+    msg = str(e.value)
+    assert str(odd) in msg and "no known format" in msg
+    for known in ("libreyolo.checkpoint/v1", "LibreYOLO 1.6 YOLOv9", "official layout", "torchvision ResNet"):
+        assert known in msg
+    text = tmp_path / "notes.pth"
+    text.write_text("hello")
+    with pytest.raises(
+        CheckpointError, match="notes.pth is not a libreyolo checkpoint: it is not a PyTorch file.*Known formats"
+    ):
+        LibreYOLO(text)
+
+
+class Trainer:
+    """Stands for the objects a full checkpoint pickles (an Exp, an argparse.Namespace): loading it runs code."""
+
+
+def test_a_file_that_would_run_code_is_refused(tmp_path):
+    bad = tmp_path / "pickled.pt"
+    torch.save({"model": {"w": torch.zeros(1)}, "exp": Trainer()}, bad)
+    with pytest.raises(CheckpointError, match="would execute code stored in the file"):
+        LibreYOLO(bad)
+
+
+def test_a_torchvision_resnet_state_dict_is_a_classifier(tmp_path):
+    from torchvision.models import resnet18
+
+    ref = resnet18(weights=None, num_classes=5).eval()
+    _randomise_bn(ref)
+    torch.save(ref.state_dict(), tmp_path / "resnet18.pth")
+    model = LibreYOLO(tmp_path / "resnet18.pth")
+    assert model.model_name == "LibreResNet18" and model.nc == 5
+    assert model.loaded_note.startswith(f"read {tmp_path / 'resnet18.pth'}: torchvision ResNet")
+    x = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model.net.eval()(x), ref(x), atol=1e-5, rtol=0)
+
+
+def test_the_official_yolox_layout_reads_back_what_was_written(tmp_path):
+    """Ours -> the official layout (BGR 0..255 stem, YOLOPAFPN names, in a .pth as the release saves it) -> ours:
+    the same function of the same image. tests/test_weights16.py checks this layout against LibreYOLO 1.6."""
+    fam = get_family("yolox")
+    net = fam.build("t", 4).eval()
+    _randomise_bn(net)
+    official = write(fam, "t", net.state_dict(), "YOLOX weights in the official layout")
+    assert "backbone.backbone.dark2.0.conv.weight" in official and "backbone.lateral_conv0.conv.weight" in official
+    torch.save({"start_epoch": 300, "model": official}, tmp_path / "yolox_tiny.pth")
+    model = LibreYOLO(tmp_path / "yolox_tiny.pth")
+    assert model.model_name == "LibreYOLOXt" and "official layout" in model.loaded_note
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model.net.eval()(x), net(x), atol=1e-4, rtol=0)
+
+
+def test_pretrained_with_another_class_count_reinitialises_the_class_layers(tmp_path, capsys):
+    src = LibreYOLO("LibreYOLOXn", nc=5)
+    path = src.save(tmp_path / "five.pt")
+    model = LibreYOLO("LibreYOLOXn", pretrained=path)
+    model._start = (model.pretrained, 0)  # what train() sets from its keys
+    net = model.prepare_for_training(["a", "b", "c"], fresh=True)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    n = len(net.state_dict())
+    # the class convolutions' weight and bias, at each of the three levels
+    assert line == (
+        f"pretrained={path}: {n - 6} tensors loaded, 6 re-initialised, 0 ignored (re-initialised: "
+        "head.cls_preds.0.weight, head.cls_preds.0.bias, head.cls_preds.1.weight and 3 more)"
+    )
+    theirs = src.net.state_dict()
+    assert torch.equal(net.state_dict()["head.reg_preds.0.weight"], theirs["head.reg_preds.0.weight"])
+    assert net.head.cls_preds[0].weight.shape[0] == 3
+
+
+def test_pretrained_of_another_network_is_refused(tmp_path):
+    path = LibreYOLO("LibreYOLOXn").save(tmp_path / "n.pt")
+    model = LibreYOLO("LibreYOLO9t", pretrained=path)
+    model._start = (model.pretrained, 0)
+    with pytest.raises(ConfigError, match="holds weights of yolox n, not of LibreYOLO9t"):
+        model.prepare_for_training(["a"], fresh=True)
+
+
+def test_freeze_backbone_and_n():
+    fam = get_family("yolo9")
+    net = fam.build("t", 3)
+    line = freeze(net, "backbone", fam.backbone)
+    for name, p in net.named_parameters():
+        assert p.requires_grad == (name.split(".")[0] not in ("stem", "b3", "b4", "b5")), name
+    assert line.startswith("freeze=backbone: ") and "(stem, b3, b4, b5)" in line
+    net = fam.build("t", 3)
+    assert "(stem, b3)" in freeze(net, 2, fam.backbone)
+    assert net.b4[1].cv1.conv.weight.requires_grad and not net.b3[1].cv1.conv.weight.requires_grad
+    assert freeze(net, 0, fam.backbone) == ""
+    with pytest.raises(ConfigError, match="freeze=99: backbone, or a count of top-level modules"):
+        freeze(net, 99, fam.backbone)
+
+
+def test_a_libreyolo16_checkpoint_fine_tunes_better_than_random_init(tmp_path):
+    """The issue's check on CPU: a checkpoint made by a brief training, written in LibreYOLO 1.6's format (the
+    fields 1.6's save() writes, its layout), trained again for 3 epochs from model=<file>: its first validation
+    beats a randomly initialised run of the same length."""
+    data = repeated_shapes(tmp_path / "shapes", size=96)
+    args = dict(data=str(data), imgsz=96, batch=8, nbs=8, workers=0, device="cpu", warmup_epochs=0, seed=0, **NO_AUG)
+    pre = LibreYOLO("LibreYOLOXn")
+    pre.train(epochs=12, project=str(tmp_path / "runs"), name="pre", optimizer="AdamW", lr0=0.004, val=False, **args)
+    state = write(pre.family, "n", pre.net.state_dict(), "LibreYOLO 1.6")
+    names = {0: "circle", 1: "square", 2: "triangle"}
+    record = {"model": state, "schema_version": "1.0", "libreyolo_version": "1.6.0", "model_family": "yolox"}
+    record |= {"size": "n", "task": "detect", "nc": 3, "names": names, "imgsz": 96}
+    torch.save(record, tmp_path / "LibreYOLOXn-1.6.pt")
+
+    def first_map50(source: str | Path, name: str) -> float:
+        model = LibreYOLO(source)
+        model.train(epochs=3, project=str(tmp_path / "runs"), name=name, optimizer="AdamW", lr0=0.002, **args)
+        return float(next(csv.DictReader(open(model.last_run / "results.csv")))["metrics/mAP50(B)"])
+
+    tuned = first_map50(tmp_path / "LibreYOLOXn-1.6.pt", "tuned")
+    scratch = first_map50("LibreYOLOXn", "scratch")
+    assert tuned > scratch, (tuned, scratch)

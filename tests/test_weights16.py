@@ -1,0 +1,114 @@
+"""LibreYOLO 1.6's checkpoints load here and compute what 1.6 computes: 1.6 (from PyPI, installed once into a
+folder of its own and run in a subprocess, since it is also named `libreyolo`) builds a randomly initialised
+model, saves it (.pt as 1.6 saves, and its weights as .safetensors) and writes its raw head outputs and
+post-processed boxes for a fixed input; this project loads the files and must give the same raw outputs (within
+1e-4, float32, eval mode) and the same boxes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.errors import CheckpointError
+
+VERSION = "1.6.0"
+REF_SCRIPT = Path(__file__).with_name("weights_ref16.py")
+# what importing 1.6's YOLOv9 and YOLOX models needs beyond this project's own dependencies
+EXTRA = ("tqdm",)
+
+
+@pytest.fixture(scope="session")
+def libreyolo16() -> Path:
+    """The folder LibreYOLO 1.6 is installed in: pip --target, once per machine, in the user's cache (not the
+    test session's private one, which is new each session), built aside and renamed when complete."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "libreyolo-reference"
+    folder = root / f"libreyolo-{VERSION}"
+    if not folder.is_dir():
+        aside = root / f".libreyolo-{VERSION}.{os.getpid()}"
+        shutil.rmtree(aside, ignore_errors=True)
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(aside)]
+        got = subprocess.run([*cmd, f"libreyolo=={VERSION}", *EXTRA], capture_output=True, text=True, timeout=600)
+        if got.returncode != 0:
+            shutil.rmtree(aside, ignore_errors=True)
+            pytest.skip(f"libreyolo=={VERSION} could not be installed from PyPI: {got.stderr.strip()[-300:]}")
+        try:
+            aside.rename(folder)
+        except OSError:  # another session installed it meanwhile
+            shutil.rmtree(aside, ignore_errors=True)
+    return folder
+
+
+def reference(folder: Path, family: str, size: str, nc: int, out: Path) -> dict[str, torch.Tensor]:
+    """Run 1.6 on a fixed input (two 64 px images, RGB in 0..1) and return its outputs; its files land in out."""
+    torch.save(torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(3)), out / "x.pt")
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    got = subprocess.run(
+        [sys.executable, str(REF_SCRIPT), family, size, str(nc), str(out)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=out,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    return torch.load(out / "reference.pt", weights_only=True)
+
+
+def outputs(model: LibreYOLO, x: torch.Tensor, multi_label: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    net = model.net.eval()
+    with torch.no_grad():
+        raw = net(x)
+    return raw, model.family.postprocess(net, raw[:1], (64, 64), 0.001, 0.7, 50, multi_label)
+
+
+def assert_same_boxes(ours: torch.Tensor, ref: dict[str, torch.Tensor]) -> None:
+    """The same detections: compared as sets (rows ordered by class and corner), since boxes whose scores differ
+    in the last float bits may come in either order."""
+    assert len(ref["boxes"]) > 0, "the reference kept no box: the comparison would prove nothing"
+    theirs = torch.cat((ref["classes"][:, None], ref["boxes"], ref["scores"][:, None]), 1)
+    mine = torch.cat((ours[:, 6:7], ours[:, 1:6]), 1)
+    assert mine.shape == theirs.shape
+
+    def ordered(rows: torch.Tensor) -> torch.Tensor:
+        keys = [tuple(round(v, 2) for v in r) for r in rows.tolist()]
+        return rows[sorted(range(len(keys)), key=keys.__getitem__)]
+
+    torch.testing.assert_close(ordered(mine), ordered(theirs), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize(("family", "size", "multi_label"), [("yolox", "n", False), ("yolo9", "m", True)])
+def test_libreyolo16_checkpoint_gives_its_outputs(libreyolo16, tmp_path, family, size, multi_label):
+    ref = reference(libreyolo16, family, size, 3, tmp_path)
+    x = torch.load(tmp_path / "x.pt", weights_only=True)
+    for suffix in (".pt", ".safetensors"):
+        model = LibreYOLO(tmp_path / f"libreyolo16_{family}{size}{suffix}")
+        assert model.family.name == family and model.size == size and model.nc == 3
+        assert model.loaded_note.startswith("read ") and "LibreYOLO" in model.loaded_note
+        raw, boxes = outputs(model, x, multi_label)
+        torch.testing.assert_close(raw, ref["raw"], atol=1e-4, rtol=0)
+        assert_same_boxes(boxes, ref)
+    assert model.names == ["class0", "class1", "class2"]  # a .safetensors carries no names
+
+
+def test_libreyolo16_names_and_size_come_from_its_pt(libreyolo16, tmp_path):
+    reference(libreyolo16, "yolox", "n", 3, tmp_path)
+    model = LibreYOLO(tmp_path / "libreyolo16_yoloxn.pt")
+    assert model.names == ["class_0", "class_1", "class_2"] and model.imgsz == 416
+    # saved here, it is this project's own checkpoint and loads as one
+    again = LibreYOLO(model.save(tmp_path / "own.pt"))
+    assert again.loaded_note == "" and again.model_name == "LibreYOLOXn"
+
+
+def test_libreyolo16_yolo9_t_is_refused_with_the_reason(libreyolo16, tmp_path):
+    torch.save(torch.zeros(1), tmp_path / "x.pt")
+    env = {**os.environ, "PYTHONPATH": str(libreyolo16)}
+    code = (
+        "import sys; from libreyolo import LibreYOLO9; "
+        "LibreYOLO9(None, size='t', nb_classes=3, device='cpu').save(sys.argv[1])"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.pt")], check=True, env=env, cwd=tmp_path)
+    with pytest.raises(CheckpointError, match="AConv downsamplers"):
+        LibreYOLO(tmp_path / "t.pt")
