@@ -159,3 +159,21 @@ def test_a_libreyolo16_checkpoint_fine_tunes_better_than_random_init(tmp_path):
     tuned = first_map50(tmp_path / "LibreYOLOXn-1.6.pt", "tuned")
     scratch = first_map50("LibreYOLOXn", "scratch")
     assert tuned > scratch, (tuned, scratch)
+
+
+def test_a_frozen_backbone_keeps_its_pretrained_weights_through_training(tiny_data, tmp_path, capsys):
+    src = LibreYOLO("LibreYOLOXn", nc=5)
+    with torch.no_grad():
+        for p in src.net.parameters():
+            p.add_(0.01)  # not what a fresh build under the run's seed gives
+    path = src.save(tmp_path / "start.pt")
+    model = LibreYOLO("LibreYOLOXn")
+    args = dict(data=str(tiny_data), imgsz=64, batch=8, workers=0, device="cpu", warmup_epochs=0, val=False)
+    model.train(epochs=1, project=str(tmp_path), pretrained=str(path), freeze="backbone", **args)
+    out = capsys.readouterr().out
+    assert f"pretrained={path}: " in out and "freeze=backbone: " in out
+    start, trained = src.net.state_dict(), model.net.state_dict()
+    params = {n for n, _ in model.net.named_parameters()}
+    moved = [k for k in params if not torch.equal(start[k], trained[k])]
+    assert moved and all(not k.startswith("backbone.") for k in moved), moved[:5]
+    assert any(k.startswith("neck.") for k in moved)
