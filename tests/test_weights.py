@@ -177,3 +177,36 @@ def test_a_frozen_backbone_keeps_its_pretrained_weights_through_training(tiny_da
     moved = [k for k in params if not torch.equal(start[k], trained[k])]
     assert moved and all(not k.startswith("backbone.") for k in moved), moved[:5]
     assert any(k.startswith("neck.") for k in moved)
+
+
+def test_a_torchvision_resnet_is_rtdetrs_backbone_with_pretrained(tmp_path, capsys):
+    from torchvision.models import resnet18
+
+    ref = resnet18(weights=None).eval()
+    _randomise_bn(ref)
+    torch.save(ref.state_dict(), tmp_path / "resnet18.pth")
+    model = LibreYOLO("LibreRTDETRr18", pretrained=tmp_path / "resnet18.pth")
+    model._start = (model.pretrained, 0)
+    net = model.prepare_for_training(["a", "b"], fresh=True).eval()
+    out = capsys.readouterr().out
+    assert "RT-DETR's backbone (pretrained= only), LibreRTDETRr18 (part)" in out
+    blocks = [k for k in ref.state_dict() if k.startswith("layer")]
+    assert f": {len(blocks)} tensors loaded" in out  # every residual block; the 7x7 stem and fc have no place
+    # the blocks compute what torchvision's do, except the first block of layers 2-4, whose vd shortcut pools
+    # before its 1x1 convolution where torchvision's strides it (the same weights, not the same function)
+    x = torch.rand(1, 64, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for i, layer in enumerate((ref.layer1, ref.layer2, ref.layer3, ref.layer4)):
+            ours = net.features.backbone.stages[i]
+            if i == 0:
+                torch.testing.assert_close(ours(x), layer(x), atol=1e-5, rtol=0)
+            x = layer[0](x)
+            torch.testing.assert_close(ours[1:](x), layer[1:](x), atol=1e-5, rtol=0)
+            assert torch.equal(
+                ours[0].downsample[1].weight if i else ours[0].conv1.weight,
+                layer[0].downsample[0].weight if i else layer[0].conv1.weight,
+            )
+            x = layer[1:](x)
+    with pytest.raises(CheckpointError, match="no known format"):
+        torch.save({k: v for k, v in ref.state_dict().items() if k != "fc.weight"}, tmp_path / "headless.pth")
+        LibreYOLO(tmp_path / "headless.pth")  # a backbone alone is no model

@@ -72,8 +72,8 @@ def load(path: str | Path, family: Family | None = None) -> dict[str, Any]:
     except LookupError:
         raise CheckpointError(f"{path} is a weights file of no known format. Known formats: {known}") from None
     names = got.names or [f"class{i}" for i in range(got.nc)]
-    what = f"{fam.prefix}{got.size}" + (" (part)" if got.partial else "")
-    note = f"read {path}: {conv.format}, {what}, {got.nc} classes, {len(got.state)} tensors"
+    what = f"{fam.prefix}{got.size}" + (" (part)" if got.partial else f", {got.nc} classes")
+    note = f"read {path}: {conv.format}, {what}, {len(got.state)} tensors"
     record = {"family": fam.name, "size": got.size, "names": names, "model": got.state, "note": note}
     record["imgsz"] = got.imgsz or 640
     record["partial"] = got.partial

@@ -72,5 +72,11 @@ FAMILY = register(
         defaults=DEFAULTS,
         order=2,
         backbone=("features.backbone",),
+        convert="libreyolo.families.rtdetr.convert",
+        published=(
+            "torchvision publishes ImageNet ResNet weights (torchvision.models.ResNet50_Weights etc.), which load into "
+            "RT-DETR's backbone with pretrained=; official RT-DETR .pth files (github.com/lyuwenyu/RT-DETR) are not "
+            "read yet"
+        ),
     )
 )
