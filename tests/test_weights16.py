@@ -112,3 +112,13 @@ def test_libreyolo16_yolo9_t_is_refused_with_the_reason(libreyolo16, tmp_path):
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.pt")], check=True, env=env, cwd=tmp_path)
     with pytest.raises(CheckpointError, match="AConv downsamplers"):
         LibreYOLO(tmp_path / "t.pt")
+
+
+def test_libreyolo16_resnet_checkpoint_gives_its_logits(libreyolo16, tmp_path):
+    ref = reference(libreyolo16, "resnet", "18", 4, tmp_path)
+    x = torch.load(tmp_path / "x.pt", weights_only=True)
+    model = LibreYOLO(tmp_path / "libreyolo16_resnet18.pt")
+    assert model.model_name == "LibreResNet18" and model.names == ["class_0", "class_1", "class_2", "class_3"]
+    assert "LibreYOLO 1.6 ResNet checkpoint" in model.loaded_note
+    with torch.no_grad():
+        torch.testing.assert_close(model.net.eval()(x), ref["raw"], atol=1e-4, rtol=0)

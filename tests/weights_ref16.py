@@ -37,6 +37,15 @@ def main(family: str, size: str, nc: int, out: Path) -> None:
             result = net(x)
         raw = torch.cat([r.flatten(2) for r in result["raw_outputs"]], 2)  # (B, 4 * 16 + nc, anchors)
         post = postprocess({"predictions": result["predictions"][:1]}, 0.001, 0.7, x.shape[-1], max_det=50)
+    elif family == "resnet":  # the network alone: 1.6 normalises its input by ImageNet's mean/std first
+        from libreyolo import LibreResNet
+
+        model = LibreResNet(None, size=size, nb_classes=nc, device="cpu")
+        net = model.model.eval()
+        with torch.no_grad():
+            _randomise_bn(net)
+            raw = net(x)
+        post = {"boxes": [], "scores": [], "classes": []}
     else:
         from libreyolo import LibreYOLOX
         from libreyolo.postprocess.yolox import postprocess

@@ -1,6 +1,8 @@
 """torchvision ResNet state dicts (resnet18/34/50, e.g. saved by `torch.save(model.state_dict(), path)` or
-torchvision's published IMAGENET1K files) as this family's classifiers: the network here is torchvision's own,
-under `body.`, so the weights load as they are."""
+torchvision's published IMAGENET1K files) and LibreYOLO 1.6's ResNet checkpoints (the same names) as this family's
+classifiers: the network here is torchvision's own, under `body.`, so the weights load as they are. Both were
+trained on inputs normalised by ImageNet's mean and standard deviation, which this project's classifiers do not
+apply (they take RGB in 0..1): the weights are a start for fine-tuning, not the same classifier of the same image."""
 
 from __future__ import annotations
 
@@ -33,8 +35,24 @@ def read(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Foreign | No
     return Foreign(size, state, int(tensors["fc.weight"].shape[0]))
 
 
+def read_libreyolo16(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Foreign | None:
+    """LibreYOLO 1.6's ResNet .pt: torchvision's names under "model", with its class names and image size."""
+    if "schema_version" not in meta or meta.get("model_family") != "resnet":
+        return None
+    got = read(tensors, meta)
+    if got is None:
+        return None
+    names = meta.get("names")
+    listed = [str(names[i]) for i in range(got.nc)] if isinstance(names, dict) and len(names) == got.nc else None
+    imgsz = meta.get("imgsz")
+    return Foreign(got.size, got.state, got.nc, listed, int(imgsz) if isinstance(imgsz, int) else None)
+
+
 def write(state: dict[str, torch.Tensor], size: str) -> dict[str, torch.Tensor]:
     return {k[len("body.") :]: v for k, v in state.items()}
 
 
-CONVERTERS = (Converter("torchvision ResNet state dict", read, write),)
+CONVERTERS = (
+    Converter("LibreYOLO 1.6 ResNet checkpoint", read_libreyolo16, write),
+    Converter("torchvision ResNet state dict", read, write),
+)
