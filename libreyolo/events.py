@@ -1,6 +1,6 @@
 """The event stream: everything the trainer wants anyone to know, as typed events.
 
-Rank 0 appends them as JSON lines to run_dir/events.jsonl (one flush per line); the rich renderer, user
+Rank 0 appends them as JSON lines to run_dir/events.jsonl (one write per line, each whole); the rich renderer, user
 callbacks and the console consume the same objects. docs/events.md documents every field; a test keeps
 that page and these classes in step."""
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from libreyolo.errors import DiskFullError, disk_full_in
 from libreyolo.tasks import DETECT
 
 SCHEMA_VERSION = 4
@@ -255,19 +256,58 @@ EVENT_TYPES: dict[str, type[Event]] = {
 
 
 class EventWriter:
-    """Appends events as JSON lines and flushes each, so a reader (the console) sees them at once."""
+    """Appends events as JSON lines, each in one unbuffered write, so a reader (the console) sees it at once and
+    every line in the file is whole: a write that fails (a full disk) is cut back to the last newline, and a file a
+    killed process left with half a line is cut back the same way when opened again. A full disk raises
+    DiskFullError naming the file, once; the events after it are written if space comes back, else dropped (the run
+    is ending with that error)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._failed = False
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            os.ftruncate(self._fd, _last_newline(self._fd, size))
 
     def write(self, event: Event) -> None:
-        self._f.write(json.dumps(event.to_dict(), default=_json_default) + "\n")
-        self._f.flush()
+        if self._fd < 0:
+            return
+        data = (json.dumps(event.to_dict(), default=_json_default) + "\n").encode()
+        end = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[self._os_write(self._fd, view) :]
+        except OSError as e:
+            os.ftruncate(self._fd, end)
+            if self._failed:
+                return
+            self._failed = True
+            if disk_full_in(e):
+                raise DiskFullError.at(self.path) from e
+            raise
+
+    _os_write = staticmethod(os.write)  # the one write call (tests put a failing one here)
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _last_newline(fd: int, size: int) -> int:
+    """The length of the file up to and with its last newline (0 if it has none)."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - 65536)
+        chunk = os.pread(fd, pos - start, start)
+        k = chunk.rfind(b"\n")
+        if k >= 0:
+            return start + k + 1
+        pos = start
+    return 0
 
 
 def _json_default(o: Any) -> Any:

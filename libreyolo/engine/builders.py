@@ -1,4 +1,4 @@
-"""The small builders engine/setup.py's build_setup reads as a recipe, top to bottom: the device, the data, the
+"""The small builders engine/setup.py's build_run reads as a recipe, top to bottom: the device, the data, the
 loaders and their first pass, the kernel warm-up, the step, the run folder, the event sinks. Each takes what it
 needs and returns what it made; `undo` collects what the caller must release if a later builder raises."""
 
@@ -32,17 +32,17 @@ from libreyolo.distributed import context as distributed
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import passes
 from libreyolo.engine.bytecode import uncached_bytecode_note
-from libreyolo.engine.checkpoint import remove_stale_temporaries
+from libreyolo.engine.checkpoint import open_run_dir
 from libreyolo.engine.components import StepParts, build_step_parts, overlap_wanted
-from libreyolo.engine.epochval import start_val_workers, validation_due
 from libreyolo.engine.lossscale import ScaleSearch
 from libreyolo.engine.runners import graph_mode, select_step
 from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.engine.warmup import KernelWarmup, warmup_wanted
 from libreyolo.errors import ConfigError
 from libreyolo.families import Family
+from libreyolo.nn.nms import check_nms
 from libreyolo.render import RichRenderer
-from libreyolo.runs import increment_run_dir, write_args
+from libreyolo.runs import increment_run_dir, resumed_run_dir, unlock_run_dir
 from libreyolo.tasks.base import TaskImpl
 from libreyolo.tblog import TensorBoardLogger, require_tensorboard
 
@@ -55,6 +55,7 @@ def start_device(cfg: TrainConfig, family: Family) -> tuple[torch.device, DistCo
     device, dist = distributed.start(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    check_nms(device)  # a torchvision built for another torch fails here, not at the first validation
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     if cfg.tensorboard:
         require_tensorboard()  # as early: the error says how to install it
@@ -111,13 +112,23 @@ def build_loaders(
     val_ds = task.dataset(splits[1], cfg.imgsz, augment=False, image_source=caches[1])
     tl = train_loader(train_ds, batch_per_rank, workers, cfg.seed, pin, dist.rank, dist.world_size, device)
     vl = val_loader(val_ds, min(batch_per_rank * 2, 64), default_val_workers(workers), pin, persistent=dist.is_main)
-    start_val_workers(vl, device, dist.is_main, validation_due(cfg, start_epoch))
+    start_val_workers(vl, device, dist.is_main, passes.validation_due(cfg, start_epoch))
     undo.append(vl.close)
     sampler = tl.batch_sampler
     assert isinstance(sampler, TrainBatchSampler)
     first_item = lambda: tl.collate_fn([train_ds[0]] * batch_per_rank)  # noqa: E731
     closers = [c.close for c in caches if c is not None]
     return Loaders(tl, vl, sampler, len(train_ds), len(val_ds), workers, closers, first_item)
+
+
+def start_val_workers(val_loader: ValLoader, device: torch.device, is_main: bool, due: bool) -> None:
+    """The persistent validation workers' first pass starts as soon as their loader exists (due: the first epoch
+    validates). Forked there, before the warm-up, they cost the start their own fork only. Forked beside the
+    warm-up's backward instead, the forks held that backward (the start's critical path) 0.3 s longer; in the first
+    epoch's prefetch they held the loop until the GPU ran out of queued steps for 0.17 s
+    (docs/performance-archive.md, 2026-12-03 and 2026-12-04)."""
+    if device.type == "cuda" and is_main and due and val_loader.persistent_workers:
+        val_loader.prefetch()
 
 
 def open_first_pass(
@@ -219,18 +230,18 @@ def build_step(
     return Step(parts, eager, runner, mode, reason)
 
 
-def make_run_dir(cfg: TrainConfig, ckpt: dict[str, Any] | None, dist: DistContext, notes: list[str]) -> Path:
-    """runs/train/exp, exp2, ... (rank 0 picks, every rank uses its choice), or a resumed run's own folder; with
-    weights/ made, a killed run's unfinished checkpoint files removed and args.yaml written (rank 0)."""
+def make_run_dir(
+    cfg: TrainConfig, ckpt: dict[str, Any] | None, dist: DistContext, notes: list[str], net: nn.Module
+) -> Path:
+    """runs/train/exp, exp2, ... (rank 0 picks, every rank uses its choice), or the folder a resumed run's last.pt
+    lies in; rank 0 then takes the folder's writer lock and prepares it (engine/checkpoint.open_run_dir)."""
     if ckpt is not None:
-        run_dir = Path(ckpt["train"]["run_dir"])
+        run_dir = resumed_run_dir(str(cfg.resume), ckpt["train"].get("run_dir"), notes)
+        notes += ckpt.pop("notes", [])
     else:
         run_dir = dist.broadcast(increment_run_dir(cfg.project, cfg.name, cfg.exist_ok) if dist.is_main else None)
     if dist.is_main:
-        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-        if stale := remove_stale_temporaries(run_dir / "weights"):
-            notes.append(f"removed {len(stale)} unfinished checkpoint file(s) of a killed run: {', '.join(stale)}")
-        write_args(run_dir, cfg.to_dict())
+        open_run_dir(run_dir, cfg.to_dict(), net, str(cfg.resume) if ckpt is not None else None, notes)
     return run_dir
 
 
@@ -244,7 +255,7 @@ def event_sinks(
     writer = ev.EventWriter(run_dir / "events.jsonl")
     renderer = RichRenderer()
     sinks: list[Callable[[ev.Event], None]] = [writer.write, renderer]
-    closers: list[Callable[[], None]] = [renderer.close, writer.close]
+    closers: list[Callable[[], None]] = [renderer.close, writer.close, lambda: unlock_run_dir(run_dir)]
     if cfg.tensorboard:
         tb = TensorBoardLogger(run_dir / "tensorboard")
         sinks.append(tb)

@@ -6,6 +6,7 @@ import glob
 import os
 import pickle
 import re
+import shutil
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,27 +17,95 @@ from typing import Any
 import torch
 
 from libreyolo.engine.snapshot import PACKED, Amended, Snapshot, unpack
-from libreyolo.errors import CheckpointError
+from libreyolo.errors import CheckpointError, DiskFullError, disk_full_in
+from libreyolo.runs import lock_run_dir, write_args
 
 FORMAT = "libreyolo.checkpoint/v1"
 
 
-def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write to a temporary file in the same folder, fsync, then rename: a reader (or a kill -9) never
-    sees a half-written checkpoint."""
+def save_atomic(obj: dict[str, Any], path: str | os.PathLike[str], keep_previous: bool | None = None) -> Path:
+    """Write to a temporary file in the same folder, fsync, then rename: a reader (or a kill -9) never sees a
+    half-written checkpoint. keep_previous (by default for a last.pt): the file being replaced stays as its
+    previous_of (weights/last.prev.pt beside last.pt; a hard link, renamed into place before the new file is), for a
+    resume when the newest cannot be read.
+    A full disk raises DiskFullError naming the file: the checkpoint already there is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(_temporary_name(path.name, os.getpid()))
+    written: _Recording | None = None
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            written = _Recording(f)
+            torch.save(obj, written)  # type: ignore[arg-type]
             f.flush()
             os.fsync(f.fileno())
+        if (path.name == "last.pt" if keep_previous is None else keep_previous) and path.exists():
+            _keep(path, previous_of(path))
         os.replace(tmp, path)
+        _sync_folder(path.parent)
+    except Exception as e:
+        if disk_full_in(e) or (written is not None and disk_full_in(written.error)):
+            raise DiskFullError.at(path) from e
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+class _Recording:
+    """The file torch.save writes through: torch turns an OSError of a write into a RuntimeError ('unexpected pos
+    ...'), with the OSError at most in its chain: the write's own error is kept here, so a full disk is told."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self._f.write(data))
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def previous_of(path: str | os.PathLike[str]) -> Path:
+    """weights/last.pt -> weights/last.prev.pt: the checkpoint it replaced."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def _keep(path: Path, previous: Path) -> None:
+    """previous becomes what path holds now, atomically (a hard link; a copy where the file system has none)."""
+    tmp = previous.with_name(_temporary_name(previous.name, os.getpid()))
+    try:
+        try:
+            os.link(path, tmp)
+        except OSError as e:
+            if disk_full_in(e):
+                raise
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, previous)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync a folder, so its renames survive a power loss (not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _temporary_name(name: str, pid: int) -> str:
@@ -140,8 +209,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"{path} is not a libreyolo checkpoint: loading it would execute code stored in the file (Python pickle), "
             "which libreyolo refuses to do. Only checkpoints written by libreyolo (weights/last.pt, weights/best.pt) "
-            "load. "
-            f"({str(e).splitlines()[0]})"
+            f"load. ({_unpickling_reason(e)})"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
         raise CheckpointError(f"{path} is corrupt or truncated and cannot be read ({type(e).__name__}: {e})") from None
@@ -157,17 +225,117 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return obj
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _unpickling_reason(e: BaseException) -> str:
+    """What torch's safe loader met in the file (e.g. 'Trying to load unsupported GLOBAL posix.system ...'),
+    without its advice to load with weights_only=False, which libreyolo refuses, and without terminal colour codes."""
+    lines = [_ANSI.sub("", line).strip() for line in str(e).splitlines()]
+    kept = [x for x in lines if x and "weights_only" not in x and "torch.load" not in x and "Weights only" not in x]
+    return kept[0] if kept else "it holds objects that are not tensors or plain values"
+
+
 def best_so_far(
     best_path: Path, fitness: float | None, metrics: dict[str, float]
 ) -> tuple[float | None, dict[str, float]]:
     """The best fitness and metrics a resumed run starts from: a last.pt's, or its run's best.pt's if higher. An
     epoch's validation lands during the next epoch, after that epoch's last.pt, so a crash can leave a best.pt
-    better than the last.pt recorded, which a worse epoch must not overwrite after resuming."""
+    better than the last.pt recorded, which a worse epoch must not overwrite after resuming. A best.pt that cannot be
+    read does not stop the resume (load_resumable's note names it): the last.pt's values stand."""
     if best_path.is_file():
-        best = load_checkpoint(best_path)
+        try:
+            best = load_checkpoint(best_path)
+        except CheckpointError:
+            return fitness, metrics
         if best.get("best_fitness") is not None and (fitness is None or best["best_fitness"] > fitness):
             return best["best_fitness"], dict(best.get("metrics") or {})
     return fitness, metrics
+
+
+def load_resumable(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """load_checkpoint for resume=: where the last.pt cannot be read and the one it replaced (last.prev.pt, kept by
+    save_atomic) can, that one, an epoch or so earlier. What a user should know (that fallback; a best.pt beside it
+    that cannot be read, which does not stop the resume) is in the record's "notes"; each names what to do next."""
+    path = Path(path)
+    notes: list[str] = []
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError as e:
+        previous = previous_of(path)
+        if not previous.is_file() or path.name != "last.pt":
+            raise CheckpointError(f"{e}. {_no_resume_hint(path)}") from None
+        try:
+            ckpt = load_checkpoint(previous)
+        except CheckpointError as e2:
+            raise CheckpointError(f"{e}; the earlier {e2}. {_no_resume_hint(path)}") from None
+        notes.append(
+            f"{e}; resuming from the checkpoint it replaced, {previous} (epoch {ckpt.get('epoch')}, step "
+            f"{ckpt.get('step')}): the steps after it are trained again. Delete or move the unreadable file if you "
+            "want to keep it; the next save replaces it"
+        )
+    best = path.with_name("best.pt")
+    if best.is_file():
+        try:
+            load_checkpoint(best)
+        except CheckpointError as e:
+            notes.append(
+                f"{e}; resuming without it: the first epoch that improves on the last.pt's best fitness "
+                f"({ckpt.get('best_fitness')}) writes a new best.pt (move the unreadable one away to keep it)"
+            )
+    ckpt["notes"] = notes
+    return ckpt
+
+
+def low_space_note(folder: Path, checkpoint_bytes: int) -> str | None:
+    """A note when folder's file system has less free space than three checkpoints of this size (last.pt, the
+    previous last.pt kept beside it, best.pt): a run would stop at a checkpoint it cannot write."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    if free >= 3 * checkpoint_bytes:
+        return None
+    each = checkpoint_bytes / 2**20
+    return (
+        f"{folder} has {free / 2**20:.0f} MB free, less than three checkpoints of this run (~{each:.0f} MB each: "
+        "last.pt, the previous last.pt, best.pt); the run stops with an error at the first one that does not fit. "
+        "Free space there, or train into another project=..."
+    )
+
+
+def checkpoint_bytes(net: torch.nn.Module, ckpt_path: Path | None) -> int:
+    """A last.pt's size: the resumed one's, or for a new run five times the network's parameters and buffers (the
+    EMA weights, the training weights, up to two optimizer moments, and the rest: a LibreYOLO9t last.pt was 4.8
+    times its best.pt, 36.5 MB)."""
+    if ckpt_path is not None and ckpt_path.is_file():
+        return ckpt_path.stat().st_size
+    return 5 * sum(t.numel() * t.element_size() for t in [*net.parameters(), *net.buffers()])
+
+
+def open_run_dir(
+    run_dir: Path, args: dict[str, Any], net: torch.nn.Module, resumed_from: str | None, notes: list[str]
+) -> None:
+    """Rank 0, before anything is written into the run folder: this process becomes its one writer (runs.py's lock,
+    released by unlock_run_dir or the process's end), weights/ made, a killed run's unfinished checkpoint files
+    removed, a note if the disk is short of three checkpoints, args.yaml written."""
+    lock_run_dir(run_dir)
+    (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+    if stale := remove_stale_temporaries(run_dir / "weights"):
+        notes.append(f"removed {len(stale)} unfinished checkpoint file(s) of a killed run: {', '.join(stale)}")
+    if low := low_space_note(run_dir, checkpoint_bytes(net, Path(resumed_from) if resumed_from else None)):
+        notes.append(low)
+    write_args(run_dir, args)
+
+
+def _no_resume_hint(path: Path) -> str:
+    best = path.with_name("best.pt")
+    if path.name == "last.pt" and best.is_file():
+        return (
+            f"This run cannot be resumed; its best weights can start a new run: libreyolo train model={best} "
+            "data=... epochs=..."
+        )
+    return "This run cannot be resumed; start a new run (libreyolo train model=... data=...)"
 
 
 def resolve_resume_path(cfg: Any) -> Path:

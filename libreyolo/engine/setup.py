@@ -26,12 +26,13 @@ from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim
 from libreyolo.engine import builders as B
 from libreyolo.engine.builders import Loaders
-from libreyolo.engine.checkpoint import load_checkpoint, resolve_resume_path
+from libreyolo.engine.checkpoint import load_resumable, resolve_resume_path
 from libreyolo.engine.components import StepParts
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.lossscale import scale_reason, set_start_scale, start_loss_scale
 from libreyolo.engine.meters import LossMeter
 from libreyolo.engine.runners import NAMES as GRAPH_MODE_NAMES
+from libreyolo.engine.seams import TrainableModel
 from libreyolo.engine.state import cudnn_benchmark_for, seed_everything
 from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.engine.warmup import KernelWarmup
@@ -240,10 +241,15 @@ class TrainSetup:
             fn()
 
 
-def _resume_config(trainer: Any) -> dict[str, Any]:
-    cfg = trainer.cfg
+def resolve_resume(
+    model: TrainableModel, cfg: TrainConfig, user_keys: set[str]
+) -> tuple[TrainConfig, dict[str, Any] | None]:
+    """resume=: the run's config comes from its last.pt (but for RESUME_OVERRIDABLE keys the user set) and the model
+    takes its weights. -> (the run's config, the checkpoint, or None for a new run)."""
+    if not cfg.resume:
+        return cfg, None
     path = resolve_resume_path(cfg)
-    ckpt = load_checkpoint(path)
+    ckpt = load_resumable(path)  # the previous last.pt where this one cannot be read
     if "train" not in ckpt:
         raise CheckpointError(f"{path} holds weights only (no train state); resume needs a run's weights/last.pt")
     args = dict(ckpt["train_args"])
@@ -251,27 +257,32 @@ def _resume_config(trainer: Any) -> dict[str, Any]:
         raise CheckpointError(
             f"{path} already finished all {args['epochs']} epochs; nothing to resume. Start a new run with model={path}"
         )
-    args.update({k: getattr(cfg, k) for k in trainer.user_keys & RESUME_OVERRIDABLE})
+    args.update({k: getattr(cfg, k) for k in user_keys & RESUME_OVERRIDABLE})
     args["resume"] = str(path)
-    trainer.cfg = TrainConfig.from_overrides(args, family=get_family(ckpt["family"]))
-    trainer.cfg.callbacks = cfg.callbacks
-    trainer.model.load_record(ckpt)
-    return ckpt
+    resumed = TrainConfig.from_overrides(args, family=get_family(ckpt["family"]))
+    resumed.callbacks = cfg.callbacks
+    model.load_record(ckpt)
+    return resumed, ckpt
 
 
-def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> TrainSetup:
-    """Everything a run needs, built once, as a recipe (engine/builders.py). undo collects what the caller must
-    release if this raises part way: the loaders' workers, which start before the network is built."""
+def build_run(
+    model: TrainableModel,
+    cfg: TrainConfig,
+    user_keys: set[str],
+    emit: Callable[[ev.Event], None],
+    ckpt: dict[str, Any] | None = None,
+    undo: list[Callable[[], None]] | None = None,
+) -> TrainSetup:
+    """Everything a run needs, built once, as a recipe (engine/builders.py), from resolve_resume's config and
+    checkpoint (the caller puts the checkpoint's train state back once this returns). undo collects what the caller
+    must release if this raises part way: the loaders' workers, which start before the network is built."""
     undo = [] if undo is None else undo
-    ckpt = _resume_config(trainer) if trainer.cfg.resume else None
-    cfg: TrainConfig = trainer.cfg
-    model = trainer.model
     family: Family = model.family
     device, dist, amp, notes = B.start_device(cfg, family)
     task = get_task(family.task).implementation()  # how this task's datasets are read and viewed
     data, train_ls, val_ls = B.read_data(task, cfg, dist, notes)
     if ckpt is None:
-        cfg.fill_unset(data.suggested, trainer.user_keys)
+        cfg.fill_unset(data.suggested, user_keys)
     seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below
     net = model.prepare_for_training(data.names, fresh=ckpt is None)
 
@@ -289,9 +300,9 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     warmup = B.start_kernel_warmup(family, net, cfg, device, dist, amp, first_pass, loaders, ckpt is not None, undo)
     step = B.build_step(
         family, net, cfg, device, dist, batch, batch_per_rank, loaders.train_images, train_ls.labels, start_epoch,
-        warmup, trainer.emit, sized, notes,
+        warmup, emit, sized, notes,
     )  # fmt: skip
-    run_dir = B.make_run_dir(cfg, ckpt, dist, notes)
+    run_dir = B.make_run_dir(cfg, ckpt, dist, notes, net)
     s = TrainSetup(
         cfg=cfg,
         family=family,
@@ -324,8 +335,4 @@ def build_setup(trainer: Any, undo: list[Callable[[], None]] | None = None) -> T
     )
     s.sinks, closers = B.event_sinks(cfg, run_dir, dist.is_main)
     s.closers = [*closers, dist.close, *loaders.closers]
-    trainer.s = s
-    if ckpt is not None:  # the kernel warm-up's backward may still run: it touches nothing restored here
-        trainer.restore(ckpt)
-    dist.seed_rank(cfg.seed)
     return s

@@ -18,10 +18,13 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from libreyolo.errors import InstallError
 
 # Boxes per torchvision NMS call on CUDA: its kernel writes an N x N/64 bit mask (N^2/8 bytes: 12.5 MB at 10,000,
 # well inside the H200's 50 MB L2) and then walks it in one thread block, one step per kept box, each reading
@@ -247,3 +250,27 @@ def _nms() -> Any:
         from torchvision.ops import nms
 
         return nms
+
+
+def check_nms(device: torch.device) -> None:
+    """Run torchvision's NMS once on the device, before a run's first step: a torchvision built for another torch
+    (`operator torchvision::nms does not exist`) would otherwise fail only at the first validation, an epoch in.
+    Raises InstallError naming both versions and what to install."""
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0], [20.0, 20.0, 30.0, 30.0]], device=device)
+    try:
+        keep = _nms()(boxes, torch.tensor([0.9, 0.8, 0.7], device=device), 0.5)
+        ok = keep.tolist() == [0, 2]
+        why = f"it kept boxes {keep.tolist()} of a test where [0, 2] is right"
+    except Exception as e:  # a missing operator, a library that does not load: RuntimeError, OSError, ImportError
+        ok, why = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if not ok:
+        try:
+            tv = version("torchvision")
+        except PackageNotFoundError:
+            tv = "not installed"
+        raise InstallError(
+            f"torchvision's NMS does not run on {device} with torch {torch.__version__} and torchvision {tv} ({why}); "
+            "torchvision must be the build made for this torch: install the pair together, e.g. pip install "
+            f"--force-reinstall torch=={torch.__version__.split('+')[0]} torchvision (with the same --index-url "
+            "as torch)"
+        )
