@@ -29,9 +29,9 @@ class TrainConfig:
     model: str = opt(
         "LibreYOLO9t",
         K.text,
-        "model name (LibreYOLO9t/s/m/c, LibreYOLOXn/t/s/m/l/x, LibreRTDETRr18/r34/r50/r101; classifiers "
-        "LibreResNet18/34/50, LibreMNv4s/m/l: docs/families.md) or a weights file (.pt, .pth, .safetensors: this "
-        "project's checkpoint or a foreign one, docs/weights.md)",
+        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs, LibreRTDETRr18, the larger sizes "
+        "LibreYOLO9m/c, LibreYOLOXm/l/x, LibreRTDETRr34/r50/r101, classifiers LibreResNet18/34/50, LibreMNv4s/m/l: "
+        "docs/families.md) or a weights file (.pt, .pth, .safetensors: ours or a foreign one, docs/weights.md)",
         "run",
     )
     data: str = opt(

@@ -122,10 +122,11 @@ class LibreYOLO:
         if data is not None:
             kwargs["data"] = data
         kwargs.setdefault("model", self.source)
+        if self.pretrained is not None:  # LibreYOLO(name, pretrained=file): a key of the run (DDP workers, args.yaml)
+            kwargs.setdefault("pretrained", str(self.pretrained))
         user_keys = set(kwargs)
         cfg = TrainConfig.from_overrides(kwargs, family=self.family)
-        pretrained = cfg.pretrained if isinstance(cfg.pretrained, str) else self.pretrained
-        self._start = (pretrained, cfg.freeze)  # read by prepare_for_training
+        self._start = (cfg.pretrained if isinstance(cfg.pretrained, str) else None, cfg.freeze)  # for prepare_...
         # several GPUs outside torchrun: one process per GPU (launch.py), each running this method
         from libreyolo.launch import spawn_ddp_train, spawn_plan
 
