@@ -7,14 +7,16 @@ import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
-from libreyolo.data.augment import letterbox
+from libreyolo.data.augment import fitted_size, letterbox
 from libreyolo.data.dataset import read_image
+from libreyolo.data.labels import JPEG_SUFFIXES, truncated_jpeg
 from libreyolo.distributed.device import first_device
 from libreyolo.errors import DataError
 from libreyolo.eval.validator import to_input, to_original
@@ -82,13 +84,26 @@ class UnreadableImageWarning(UserWarning):
     """An image of a predict source could not be read: it is skipped, the others are predicted."""
 
 
+class TruncatedImageWarning(UserWarning):
+    """A JPEG of a predict source is cut short: it is predicted on the part that could be decoded (OpenCV fills the
+    rest grey, and libjpeg's own 'Premature end of JPEG file' names no file)."""
+
+
 def _read(path: str) -> tuple[np.ndarray | None, str]:
-    """-> (RGB image, "") or (None, why it cannot be read)."""
+    """-> (RGB image, "") or (None, why it cannot be read). A truncated JPEG is read, with a warning naming it."""
     try:
         img = read_image(path)
     except (cv2.error, OSError) as e:
         return None, f"{type(e).__name__}: {e}"
-    return (img, "") if img is not None else (None, "OpenCV could not decode it")
+    if img is None:
+        return None, "OpenCV could not decode it"
+    if path.lower().endswith(JPEG_SUFFIXES) and (cut := truncated_jpeg(Path(path))):
+        warnings.warn(
+            f"{path}: {cut}; predicted on the part that could be decoded (the rest is grey)",
+            TruncatedImageWarning,
+            _caller(),
+        )
+    return img, ""
 
 
 def read_batches(source: Any, batch: int, results: Predictions) -> Iterator[list[tuple[str | None, np.ndarray]]]:
@@ -162,12 +177,18 @@ def _detect(
             net, net(x), (imgsz, imgsz), conf=conf, iou=iou, max_det=max_det, multi_label=multi_label
         )
         # boxes back to original pixels on the device, then one copy of the batch's detections to the host
-        lb = torch.tensor(
-            [[r, px, py, img.shape[0], img.shape[1]] for _, img, r, (px, py) in metas], dtype=torch.float32, device=dev
-        )
-        packed = to_original(packed, lb[:, 0], lb[:, 1:3], lb[:, 3:5]).cpu()
+        lb = torch.tensor([_letterboxed(img, imgsz, pad) for _, img, _, pad in metas], dtype=torch.float32, device=dev)
+        packed = to_original(packed, lb[:, 0:2], lb[:, 2:4], lb[:, 4:6]).cpu()
         for d, (path, img, _, _) in zip(split_detections(packed, x.shape[0]), metas, strict=True):
             yield Results(d["boxes"], d["scores"], d["classes"], model.names, img.shape[:2], path, img)
+
+
+def _letterboxed(img: np.ndarray, imgsz: int, pad: tuple[int, int]) -> list[float]:
+    """[scale x, scale y, pad x, pad y, height, width] of an image's letterbox: each axis's own scale, as the sides
+    were rounded (fitted_size), so a 4000 x 20 image's boxes map back onto it."""
+    h, w = img.shape[:2]
+    nh, nw = fitted_size(h, w, imgsz)
+    return [nw / w, nh / h, pad[0], pad[1], h, w]
 
 
 def _caller() -> int:

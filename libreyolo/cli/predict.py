@@ -59,6 +59,8 @@ def run(argv: list[str]) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     with warnings.catch_warnings():  # the skipped files are listed once, at the end
         warnings.simplefilter("ignore", UnreadableImageWarning)
+        # any other warning (a truncated image, predicted on what could be decoded): one line naming the file
+        warnings.showwarning = lambda message, *a, **k: err.print(f"[yellow]warning:[/] {escape(str(message))}")
         results = model.predict(source, stream=True, **kw)
         try:
             done = _consume(results, source, writer, as_json, err)

@@ -19,8 +19,18 @@ def resize_long_side(img: np.ndarray, imgsz: int) -> np.ndarray:
     r = imgsz / max(h, w)
     if r == 1:
         return img
-    size = (max(1, round(w * r)), max(1, round(h * r)))
-    return cv2.resize(img, size, interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+    nh, nw = fitted_size(h, w, imgsz)
+    return cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_LINEAR)
+
+
+def fitted_size(h: int, w: int, imgsz: int) -> tuple[int, int]:
+    """(height, width) of an h x w image resized so its long side is imgsz: each side rounded on its own (the short
+    side keeps at least one pixel), so the two sides' scales differ (20 px of a 4000 x 20 image at imgsz 96 become
+    1 px, a scale of 0.05 where the long side's is 0.024): boxes map back with each axis's own scale."""
+    r = imgsz / max(h, w)
+    if r == 1:
+        return h, w
+    return max(1, round(h * r)), max(1, round(w * r))
 
 
 def letterbox(img: np.ndarray, imgsz: int) -> tuple[np.ndarray, float, tuple[int, int]]:

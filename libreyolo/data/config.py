@@ -136,22 +136,40 @@ def _sources(value: Any, root: Path, path: Path, key: str, notes: list[str]) -> 
 
 
 def list_images(sources: list[Path]) -> list[Path]:
-    """Image files of folders (recursive) and .txt lists, sorted for a stable order. A path listed twice in .txt
-    lists (or two sources holding the same file) stays twice: oversampling, as in Ultralytics."""
+    """Image files of folders (recursive, through directory links: walk_files) and .txt lists, sorted for a stable
+    order. A path listed twice in .txt lists (or two sources holding the same file) stays twice: oversampling, as in
+    Ultralytics. In a .txt list, blank lines and lines starting with # are not paths; a UTF-8 byte order mark is
+    not part of the first path."""
     files: list[Path] = []
     for src in sources:
         if src.is_dir():
-            files.extend(p for p in src.rglob("*") if p.suffix.lower() in IMG_EXTS)
+            files.extend(walk_files(src, IMG_EXTS))
         elif src.suffix == ".txt":
             base = src.parent
-            for line in src.read_text(encoding="utf-8").splitlines():
+            for line in src.read_text(encoding="utf-8-sig").splitlines():
                 line = line.strip()
-                if line:
+                if line and not line.startswith("#"):
                     p = Path(line)
                     files.append(p if p.is_absolute() else (base / p))
         elif src.suffix.lower() in IMG_EXTS:
             files.append(src)
     return sorted(files)
+
+
+def walk_files(folder: Path, exts: tuple[str, ...]) -> list[Path]:
+    """Files under folder with one of these suffixes (any case), sorted; directory links are followed (Path.rglob
+    does not follow them in Python 3.11: a linked folder of images was skipped without a word). A link back into a
+    folder already being walked (a loop) is not followed again; each file appears once per path to it."""
+    out: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        st = os.stat(root)
+        if (st.st_dev, st.st_ino) in seen:  # reached again through a link: a loop, or a second link to it
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        out.extend(Path(root, n) for n in names if os.path.splitext(n)[1].lower() in exts)
+    return sorted(out)
 
 
 def label_path(image: Path) -> Path:

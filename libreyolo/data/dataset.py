@@ -132,13 +132,25 @@ class YOLODataset(Dataset):
         img, boxes = self.load(i)
         if img is None:
             return {"img": None, "boxes": None, "index": i, "bad": [self.files[i]]}
-        resized_long = max(img.shape[:2])
+        h1, w1 = img.shape[:2]
+        resized_long = max(h1, w1)
         img, r, (px, py) = A.letterbox(img, self.imgsz)
-        boxes[:, 1:] = boxes[:, 1:] * r + (px, py, px, py)
+        nh, nw = A.fitted_size(h1, w1, self.imgsz)  # the image inside the letterbox
+        boxes[:, 1:] = boxes[:, 1:] * (nw / w1, nh / h1, nw / w1, nh / h1) + (px, py, px, py)
         h0, w0 = self.labels.shapes[i]
-        # original pixels -> letterboxed pixels is x * scale + pad; predictions are mapped back with the inverse
+        # original pixels -> letterboxed pixels is x * scale + pad, each axis with its own scale (fitted_size); the
+        # predictions are mapped back with the inverse. "scale" is the long side's, for a drawing of the boxes
         scale = r * resized_long / max(h0, w0)
-        return {"img": img, "boxes": boxes, "index": i, "bad": [], "scale": scale, "pad": (px, py), "shape": (h0, w0)}
+        return {
+            "img": img,
+            "boxes": boxes,
+            "index": i,
+            "bad": [],
+            "scale": scale,
+            "scale_xy": (nw / w0, nh / h0),
+            "pad": (px, py),
+            "shape": (h0, w0),
+        }
 
 
 class _Unreadable(Exception):
@@ -162,8 +174,8 @@ def capacity_bound(labels: list[np.ndarray], mosaic: float) -> int:
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """-> img (B, H, W, 3) uint8, targets (B, M, 5) float32, mask (B, M) bool, index (B,), and for validation
-    scale (B,), pad (B, 2) x, y and shape (B, 2) original height, width (float32): letterboxed = original * scale
-    + pad."""
+    scale_xy (B, 2) x, y, pad (B, 2) x, y and shape (B, 2) original height, width (float32): letterboxed = original
+    * scale_xy + pad per axis; scale (B,) is the long side's."""
     bad = [p for s in samples for p in s["bad"]]
     samples = [s for s in samples if s["img"] is not None]
     B = len(samples)
@@ -185,6 +197,7 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if samples and "scale" in samples[0]:
         batch["scale"] = torch.tensor([s["scale"] for s in samples], dtype=torch.float32)
+        batch["scale_xy"] = torch.tensor([s["scale_xy"] for s in samples], dtype=torch.float32)
         batch["pad"] = torch.tensor([s["pad"] for s in samples], dtype=torch.float32)
         batch["shape"] = torch.tensor([s["shape"] for s in samples], dtype=torch.float32)
     return batch

@@ -13,8 +13,8 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from libreyolo.data.config import IMG_EXTS, DataConfig, is_builtin
-from libreyolo.data.labels import LabelSet, _stamp, _truncated_jpeg, displayed_size
+from libreyolo.data.config import IMG_EXTS, DataConfig, is_builtin, walk_files
+from libreyolo.data.labels import LabelSet, _stamp, displayed_size, truncated_jpeg
 from libreyolo.data.shapes_cls import CLASSIFY_DEMO_SETTINGS, builtin_classify_root
 from libreyolo.errors import DataError
 
@@ -99,7 +99,7 @@ def scan_classes(split: Path, names: list[str], threads: int = 8) -> LabelSet:
     for folder in sorted(p for p in split.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if folder.name not in index:
             raise DataError(f"{folder}: class folder {folder.name!r} is not among the training classes {names}")
-        images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMG_EXTS)
+        images = walk_files(folder, IMG_EXTS)  # linked folders inside included
         if not images:
             raise DataError(f"{folder}: empty class folder (no {'/'.join(IMG_EXTS)} image in it)")
         files += images
@@ -125,7 +125,7 @@ def _check(image: Path) -> tuple[tuple[int, int], str | None]:
             w, h = displayed_size(im)
             jpeg = im.format == "JPEG"
             im.verify()
-        why = _truncated_jpeg(image) if jpeg else None
+        why = truncated_jpeg(image) if jpeg else None
     except Exception as e:  # PIL raises many types for broken files
         return (0, 0), f"unreadable image ({type(e).__name__}: {e})"
     if why is None and (w < 2 or h < 2):

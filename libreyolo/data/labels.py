@@ -59,7 +59,10 @@ def displayed_size(im: Image.Image) -> tuple[int, int]:
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
 
 
-def _truncated_jpeg(image: Path) -> str | None:
+JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
+
+
+def truncated_jpeg(image: Path) -> str | None:
     """Why a JPEG is cut short, or None. A JPEG ends with the end-of-image marker; a file that does not end with
     it is decoded in full once (rare: some cameras append bytes after the marker) to tell trailing data from a
     truncation, which OpenCV would decode as grey fill with a warning naming no file."""
@@ -91,7 +94,7 @@ def _check_one(image: Path, nc: int) -> _Checked:
             w, h = displayed_size(im)
             jpeg = im.format == "JPEG"
             im.verify()
-        why = _truncated_jpeg(image) if jpeg else None
+        why = truncated_jpeg(image) if jpeg else None
     except Exception as e:  # PIL raises many types for broken files
         return _Checked(error=f"unreadable image ({type(e).__name__}: {e})")
     if why is not None:
@@ -103,7 +106,7 @@ def _check_one(image: Path, nc: int) -> _Checked:
         return _Checked(np.zeros((0, 5), np.float32), (h, w), background=True)
     out = _Checked(shape=(h, w))
     rows = []
-    for n, line in enumerate(lp.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    for n, line in enumerate(lp.read_text(encoding="utf-8-sig", errors="replace").splitlines(), 1):
         parts = line.split()
         if not parts:
             continue

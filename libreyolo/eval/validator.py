@@ -209,7 +209,8 @@ def start_validation(
                 packed = family.postprocess(
                     net, raw, imgsz, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label
                 )
-                dets = to_original(packed, *(batch[k].to(device, non_blocking=True) for k in ("scale", "pad", "shape")))
+                keys = ("scale_xy", "pad", "shape")  # per axis: dataset.py's _val_item
+                dets = to_original(packed, *(batch[k].to(device, non_blocking=True) for k in keys))
             with st("to_host"):
                 host = dets.cpu().numpy()  # the batch's one device-to-host copy
             acc.add_batch(batch["index"].numpy(), host)
@@ -249,9 +250,11 @@ def validate(
 
 def to_original(packed: torch.Tensor, scale: torch.Tensor, pad: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
     """Packed detections in letterboxed input pixels -> the same in each image's original pixels, clipped to the
-    image (scale (B,), pad (B, 2) x, y, shape (B, 2) height, width: a batch's letterbox), on their device."""
+    image (scale (B, 2) x, y, or (B,) one for both axes; pad (B, 2) x, y; shape (B, 2) height, width: a batch's
+    letterbox), on their device."""
     b = packed[:, 0].long()
-    xyxy = (packed[:, 1:5] - pad[b].repeat(1, 2)) / scale[b, None]
+    per_axis = scale[b].repeat(1, 2) if scale.dim() == 2 else scale[b, None]
+    xyxy = (packed[:, 1:5] - pad[b].repeat(1, 2)) / per_axis
     wh = shape[b].flip(1).repeat(1, 2)
     xyxy = torch.minimum(xyxy.clamp(min=0), wh)
     return torch.cat((packed[:, :1], xyxy, packed[:, 5:]), 1)

@@ -19,7 +19,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from libreyolo.data.config import IMG_EXTS
+from libreyolo.data.config import IMG_EXTS, walk_files
 from libreyolo.errors import DataError
 
 VIDEO_EXTS = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".ts")
@@ -107,9 +107,10 @@ class Source:
 
 
 def open_source(source: Any) -> Source:
-    """A path (image or video), a folder (images and videos, sorted by name), a glob ("clips/*.mp4", "**/*.jpg"),
-    a camera index (0 or "0"), a stream URL, a numpy array (OpenCV's order: gray, BGR or BGRA), a PIL image, or a
-    list of these -> a Source. An opened Source passes through unchanged."""
+    """A path (image or video), a folder (its images and videos, in sub-folders and linked folders too, sorted by
+    path), a glob ("clips/*.mp4", "**/*.jpg"), a camera index (0 or "0"), a stream URL, a numpy array (OpenCV's
+    order: gray, BGR or BGRA), a PIL image, or a list of these -> a Source. An opened Source passes through
+    unchanged."""
     if isinstance(source, Source):
         return source
     return Source(_entries(source))
@@ -133,7 +134,7 @@ def _entries(source: Any) -> list[_Entry]:
         return [_Entry("url", path=text)]
     p = Path(text)
     if p.is_dir():
-        return [_file(f) for f in sorted(p.iterdir()) if f.suffix.lower() in (*IMG_EXTS, *VIDEO_EXTS)]
+        return [_file(f) for f in walk_files(p, (*IMG_EXTS, *VIDEO_EXTS))]  # sub-folders and linked ones too
     if p.is_file():
         return [_file(p)]
     if text.isdigit():
