@@ -14,6 +14,7 @@ from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atom
 from libreyolo.engine.snapshot import snapshot
 from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
+from libreyolo.export.meta import SUFFIXES as EXPORTED_SUFFIXES
 from libreyolo.families import Family, get_family, model_names, parse_model_name
 from libreyolo.tasks import get_task
 from libreyolo.weights import SUFFIXES as WEIGHT_SUFFIXES
@@ -43,6 +44,12 @@ class LibreYOLO:
         self.loaded_note = ""  # what a foreign weights file held (weights.load's one line)
         self.pretrained = None if isinstance(pretrained, bool) else Path(pretrained)  # train()'s starting weights
         path = Path(self.source)
+        self.exported: Any = None  # an exported graph's metadata (libreyolo/export): predict and val run the graph
+        if path.suffix in EXPORTED_SUFFIXES:
+            from libreyolo.export.runtime import load_exported
+
+            load_exported(self, path)
+            return
         is_weights = path.suffix in WEIGHT_SUFFIXES
         stem_match = parse_model_name(path.stem if is_weights else self.source)
         if is_weights and (path.is_file() or pretrained is True or stem_match is None):
@@ -180,6 +187,13 @@ class LibreYOLO:
         streaming = {"stream": True} if stream else {}  # a plug-in task's predict may not take it
         size = imgsz or self.imgsz
         return task.predict(self, source, conf, iou, size, device, max_det, multi_label, top_k, **streaming)
+
+    def export(self, format: str = "onnx", **kwargs: Any) -> Path:
+        """Write the network as an ONNX or TorchScript graph beside its weights (docs/export.md for the keys:
+        imgsz, batch, dynamic, half, nms, opset, ...); -> the file's path."""
+        from libreyolo.export.core import export_model
+
+        return export_model(self, format=format, **kwargs)
 
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.net.parameters())

@@ -153,7 +153,7 @@ LAYERS = (
     {"eval", "predict", "predict_cls"},
     {"tasks.impl", "plots"},
     {"engine"},
-    {"oom", "profiler", "launch", "val", "trackers", "weights"},
+    {"oom", "profiler", "launch", "val", "trackers", "weights", "export"},
     {"model"},
     {"bench", "cli", "api"},
 )

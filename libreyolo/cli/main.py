@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("libreyolo.cli.predict", "detect objects in images"),
     "profile": ("libreyolo.cli.profile", "profile real training steps: run | summary | phases | kernels"),
     "bench": ("libreyolo.cli.bench", "benchmarks: step (training step ms, eager vs CUDA graphs) | loader (images/s)"),
+    "export": ("libreyolo.cli.export", "write a trained model as ONNX or TorchScript, checked against PyTorch"),
     "data": ("libreyolo.cli.data", "datasets: prepare (verify, label cache, disk cache) | shapes | dense (generate)"),
 }
 

@@ -81,6 +81,8 @@ class Family:
     convert: str = ""
     published: str = ""
     backbone: tuple[str, ...] = ()  # the network's backbone modules (dotted name prefixes): freeze=backbone
+    # optional: "package.module" whose EXPORT (families/base.py's ExportSpec) says what the exporters need to know
+    export: str = ""
 
     @property
     def keys(self) -> tuple[Key, ...]:
@@ -123,6 +125,10 @@ class Family:
     def converters(self) -> tuple[Any, ...]:
         """The family's foreign-checkpoint converters (families/base.py's Converter), imported on first use."""
         return tuple(getattr(importlib.import_module(self.convert), "CONVERTERS", ())) if self.convert else ()
+
+    def export_spec(self) -> Any:
+        """The family's ExportSpec (families/base.py), imported on first use; None when it declares none."""
+        return getattr(importlib.import_module(self.export), "EXPORT") if self.export else None  # noqa: B009
 
     @property
     def build(self) -> Any:

@@ -116,6 +116,24 @@ class Converter:
     write: Callable[[dict[str, torch.Tensor], str], dict[str, torch.Tensor]] | None = None
 
 
+# (network, its eval-mode outputs, input (h, w)) -> boxes (B, A, 4) xyxy in input pixels, class scores (B, A, C)
+BoxesScores = Callable[[nn.Module, Any, tuple[int, int]], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """How libreyolo/export treats a family's network (the family's export.py holds its EXPORT; Family.export names
+    that module). outputs: names of the eval-mode forward's outputs, in order; meaning: what they hold, written into
+    the exported file's metadata. boxes_scores: a YOLO-style head's decode, before NMS: with it, nms=true puts the
+    decode and NMS in the graph; None refuses nms=true. fixed_size: non-empty, why the graph holds for the export's
+    image size only (dynamic=true is refused with this reason; dynamic=batch is not)."""
+
+    outputs: tuple[str, ...]
+    meaning: str
+    boxes_scores: BoxesScores | None = None
+    fixed_size: str = ""
+
+
 @dataclass(frozen=True)
 class FamilyImpl:
     """A family's implementation. Every callable receives the family's own network class (see `own`)."""

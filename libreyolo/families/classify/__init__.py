@@ -58,6 +58,7 @@ def _family(
             defaults=DEFAULTS,
             order=order,
             convert=convert,
+            export="libreyolo.families.classify.export",
             published=published,
             backbone=backbone,
         )

@@ -73,6 +73,7 @@ FAMILY = register(
         order=2,
         backbone=("features.backbone",),
         convert="libreyolo.families.rtdetr.convert",
+        export="libreyolo.families.rtdetr.export",
         published=(
             "torchvision publishes ImageNet ResNet weights (torchvision.models.ResNet50_Weights etc.), which load into "
             "RT-DETR's backbone with pretrained=; official RT-DETR .pth files (github.com/lyuwenyu/RT-DETR) are not "

@@ -33,6 +33,7 @@ FAMILY = register(
         order=0,
         backbone=("stem", "b3", "b4", "b5"),
         convert="libreyolo.families.yolo9.convert",
+        export="libreyolo.families.yolo9.export",
         published=(
             "LibreYOLO 1.6 publishes YOLOv9 weights at huggingface.co/LibreYOLO (LibreYOLO9m, LibreYOLO9c: a .pt or "
             ".safetensors file)"

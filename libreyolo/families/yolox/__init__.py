@@ -57,6 +57,7 @@ FAMILY = register(
         order=1,
         backbone=("backbone",),
         convert="libreyolo.families.yolox.convert",
+        export="libreyolo.families.yolox.export",
         published=(
             "the official YOLOX weights are release assets of github.com/Megvii-BaseDetection/YOLOX (yolox_nano.pth "
             "... yolox_x.pth); LibreYOLO 1.6's at huggingface.co/LibreYOLO (LibreYOLOXs and the other sizes)"
