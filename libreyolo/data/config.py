@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from libreyolo.data.coco import is_coco_json, read_coco, val_sibling
 from libreyolo.data.shapes import DEMO_SETTINGS, builtin_shapes_yaml
 from libreyolo.errors import DataError
 
@@ -26,6 +27,7 @@ class DataConfig:
     # training defaults a built-in dataset suggests (applied only to keys the user did not set)
     suggested: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how the yaml was read, where that is worth a line
+    coco_images: dict[str, Path | None] = field(default_factory=dict)  # a COCO JSON split -> its `images:` folder
 
     @property
     def nc(self) -> int:
@@ -50,6 +52,8 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
             f"dataset yaml {path} does not exist. Pass data=PATH/TO/dataset.yaml, or data=shapes for the built-in "
             "dataset."
         )
+    if is_coco_json(path):
+        return coco_config(path)
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
@@ -61,6 +65,8 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     if not root.is_absolute():
         # relative `path` is relative to the yaml's folder (then to the working directory, as Ultralytics does)
         root = (path.parent / root) if (path.parent / root).exists() else root.resolve()
+    if any(is_coco_json(str(raw.get(k) or "")) for k in ("train", "val")):
+        return _coco_from_yaml(raw, root, path)
     names = _names(raw, path)
     if not raw.get("val") and raw.get("validation"):  # some exporters write `validation:`
         raw["val"] = raw["validation"]
@@ -74,6 +80,52 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     notes: list[str] = []
     splits = {k: _sources(raw[k], root, path, k, notes) if raw.get(k) else [] for k in ("train", "val", "test")}
     return DataConfig(yaml_path=path, root=root, names=names, notes=notes, **splits)
+
+
+def coco_config(
+    train: Path, val: Path | None = None, images: Path | None = None, yaml_path: Path | None = None
+) -> DataConfig:
+    """A COCO JSON dataset (data/coco.py): names from the training JSON's categories; the validation JSON is the
+    one given, else the one the layout puts beside it, else the training JSON itself (with a note)."""
+    coco = read_coco(train)
+    notes: list[str] = []
+    if val is None:
+        val = val_sibling(train)
+        if val is None:
+            val = train
+            notes.append(f"{train}: no validation JSON found beside it; validating on the training images")
+    if val != train and read_coco(val).names != coco.names:
+        raise DataError(f"{val}: its categories {read_coco(val).names} differ from {train}'s {coco.names}")
+    return DataConfig(
+        yaml_path=yaml_path or train,
+        root=train.parent,
+        names=coco.names,
+        train=[train],
+        val=[val],
+        notes=notes,
+        coco_images={str(train): images, str(val): images},
+    )
+
+
+def _coco_from_yaml(raw: dict, root: Path, path: Path) -> DataConfig:
+    """A yaml whose train:/val: name COCO JSON files (and optional images: their folder; names, if given, must be
+    the categories')."""
+    got = {}
+    for key in ("train", "val", "images"):
+        value = raw.get(key) or (raw.get("validation") if key == "val" else None)
+        if value is None:
+            continue
+        p = Path(str(value)).expanduser()
+        p = p if p.is_absolute() else root / p
+        if not p.exists():
+            raise DataError(f"{path}: {key}: {value} does not exist (relative paths are relative to 'path', {root})")
+        got[key] = p
+    if "train" not in got or not is_coco_json(got["train"]):
+        raise DataError(f"{path}: train: must name a COCO JSON file when val: does (or neither does)")
+    cfg = coco_config(got["train"], got.get("val"), got.get("images"), path)
+    if raw.get("names") is not None and _names(raw, path) != cfg.names:
+        raise DataError(f"{path}: names {_names(raw, path)} differ from the COCO categories {cfg.names}; drop names:")
+    return cfg
 
 
 def _names(raw: dict, path: Path) -> list[str]:

@@ -56,17 +56,17 @@ class YOLODataset(Dataset):
 
     def ground_truth(self) -> tuple[np.ndarray, np.ndarray]:
         """Every image's boxes in original pixels, for COCO evaluation, made once per dataset (not per
-        validation): rows (n, 6) image index, class, x1, y1, x2, y2 and sizes (I, 2) height, width, float64."""
+        validation): rows (n, 6) image index, class, x1, y1, x2, y2 (a 7th column, iscrowd, where the dataset has
+        crowd boxes) and sizes (I, 2) height, width, float64."""
         if self._ground_truth is None:
-            labels = self.labels.labels
-            lab = np.concatenate(labels).reshape(-1, 5) if labels else np.zeros((0, 5), np.float32)
             sizes = np.asarray(self.labels.shapes, np.float32).reshape(-1, 2)
-            img = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
-            wh = sizes[img][:, ::-1]
-            xyxy = np.concatenate([lab[:, 1:3] - lab[:, 3:5] / 2, lab[:, 1:3] + lab[:, 3:5] / 2], 1) * np.tile(
-                wh, 2
-            )  # float32
-            self._ground_truth = (np.column_stack([img, lab[:, 0], xyxy]).astype(np.float64), sizes.astype(np.float64))
+            rows = _pixel_rows(self.labels.labels, sizes)
+            if any(len(c) for c in self.labels.crowd):  # a 7th column, 1 for a crowd box (COCO's iscrowd)
+                crowd = _pixel_rows(self.labels.crowd, sizes)
+                rows = np.vstack(
+                    [np.column_stack([rows, np.zeros(len(rows))]), np.column_stack([crowd, np.ones(len(crowd))])]
+                )
+            self._ground_truth = (rows, sizes.astype(np.float64))
         return self._ground_truth
 
     def load(self, i: int) -> tuple[np.ndarray | None, np.ndarray]:
@@ -151,6 +151,15 @@ class YOLODataset(Dataset):
             "pad": (px, py),
             "shape": (h0, w0),
         }
+
+
+def _pixel_rows(labels: list[np.ndarray], sizes: np.ndarray) -> np.ndarray:
+    """Per-image normalised (n, 5) class, cx, cy, w, h -> rows (N, 6) image index, class, x1, y1, x2, y2 in pixels."""
+    lab = np.concatenate(labels).reshape(-1, 5) if labels else np.zeros((0, 5), np.float32)
+    img = np.repeat(np.arange(len(labels)), [len(x) for x in labels])
+    wh = sizes[img][:, ::-1]
+    xyxy = np.concatenate([lab[:, 1:3] - lab[:, 3:5] / 2, lab[:, 1:3] + lab[:, 3:5] / 2], 1) * np.tile(wh, 2)  # float32
+    return np.column_stack([img, lab[:, 0], xyxy]).astype(np.float64)
 
 
 class _Unreadable(Exception):

@@ -105,7 +105,7 @@ def scan_classes(split: Path, names: list[str], threads: int = 8) -> LabelSet:
         files += images
         classes += [index[folder.name]] * len(images)
     with ThreadPoolExecutor(threads) as pool:
-        checked = list(pool.map(_check, files))
+        checked = list(pool.map(image_check, files))
     out = LabelSet([], [], [], stamps=[])
     for f, c, (shape, why) in zip(files, classes, checked, strict=True):
         if why is not None:
@@ -118,7 +118,7 @@ def scan_classes(split: Path, names: list[str], threads: int = 8) -> LabelSet:
     return out
 
 
-def _check(image: Path) -> tuple[tuple[int, int], str | None]:
+def image_check(image: Path) -> tuple[tuple[int, int], str | None]:
     """-> ((height, width) as displayed, None) or ((0, 0), why the image cannot be used)."""
     try:
         with Image.open(image) as im:

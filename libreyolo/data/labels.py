@@ -32,6 +32,9 @@ class LabelSet:
     # per image (size, mtime_ns) as stat'ed for this scan, or None if it could not be; the image caches key
     # and check their entries with these instead of stat'ing every image again
     stamps: list[tuple[int, int] | None] = field(default_factory=list)
+    # per image its crowd boxes (COCO's iscrowd; class, cx, cy, w, h), or empty: never trained on, and a detection
+    # on one is neither right nor wrong in validation (eval/coco.py), as in COCO's evaluation
+    crowd: list[np.ndarray] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.files)

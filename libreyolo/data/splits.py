@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from libreyolo.data.coco import coco_split, image_root, is_coco_json, read_coco
 from libreyolo.data.config import DataConfig, list_images
-from libreyolo.data.folders import scan_classes
-from libreyolo.data.labels import LabelSet, no_boxes_message, scan_labels, scan_notes
+from libreyolo.data.folders import image_check, scan_classes
+from libreyolo.data.labels import LabelSet, _stamp, no_boxes_message, scan_labels, scan_notes
 from libreyolo.errors import DataError
 
 
@@ -13,6 +17,8 @@ def scan_split(data: DataConfig, split: str, nc: int, notes: list[str], allow_em
     naming the yaml and split when nothing usable is left, or when training would see no boxes at all (unless
     allow_empty)."""
     sources = getattr(data, split)
+    if len(sources) == 1 and is_coco_json(sources[0]):
+        return scan_coco(data, split, sources[0], notes)
     images = list_images(sources)
     if not images:
         raise DataError(f"{data.yaml_path}: {split}: no images found in {', '.join(map(str, sources))}")
@@ -31,6 +37,36 @@ def scan_split(data: DataConfig, split: str, nc: int, notes: list[str], allow_em
     if empty:
         notes.append(f"{empty} {'Validation mAP will be 0.' if split == 'val' else ''}".strip())
     return ls
+
+
+def scan_coco(data: DataConfig, split: str, path: Path, notes: list[str]) -> LabelSet:
+    """A COCO JSON split (data/coco.py): its images checked as the .txt scan checks them (an unreadable or truncated
+    one skipped and named), its boxes from the JSON, crowd boxes kept apart (LabelSet.crowd)."""
+    coco = read_coco(path)
+    if coco.names != data.names:
+        raise DataError(f"{path}: its categories {coco.names} differ from the dataset's names {data.names}")
+    root = image_root(path, [str(im["file_name"]) for im in coco.images], data.coco_images.get(str(path)))
+    files, labels, crowd, dropped = coco_split(coco, root)
+    notes += dropped
+    if not files:
+        raise DataError(f"{data.yaml_path}: {split}: {path} lists no images")
+    with ThreadPoolExecutor(8) as pool:
+        checked = list(pool.map(image_check, files))
+    out = LabelSet([], [], [], stamps=[], crowd=[])
+    for f, lab, cr, (shape, why) in zip(files, labels, crowd, checked, strict=True):
+        if why is not None:
+            out.skipped.append((str(f), why))
+            continue
+        out.files.append(f)
+        out.labels.append(lab)
+        out.crowd.append(cr)
+        out.shapes.append(shape)
+        out.stamps.append(_stamp(f))
+        out.backgrounds += len(lab) == 0
+    notes += scan_notes(out, split)
+    if not len(out):
+        raise DataError(f"{data.yaml_path}: {split}: none of the {len(files)} images of {path} is usable")
+    return out
 
 
 def scan_class_split(data: DataConfig, split: str, notes: list[str]) -> LabelSet:

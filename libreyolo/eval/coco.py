@@ -315,10 +315,11 @@ def _annotations(rows: np.ndarray, scores: np.ndarray | None) -> list[dict[str, 
         h.tolist(),
         (w * h).tolist(),
     )
-    if scores is None:
+    if scores is None:  # ground truth; a 7th column marks crowd boxes (data/dataset.py ground_truth)
+        crowd = rows[:, 6].astype(np.int64).tolist() if rows.shape[1] > 6 else [0] * len(rows)
         return [
-            {"id": k, "image_id": i, "category_id": c, "bbox": [x, y, bw, bh], "area": a, "iscrowd": 0}
-            for k, (i, c, x, y, bw, bh, a) in enumerate(zip(*cols), 1)
+            {"id": k, "image_id": i, "category_id": c, "bbox": [x, y, bw, bh], "area": a, "iscrowd": z}
+            for k, (i, c, x, y, bw, bh, a, z) in enumerate(zip(*cols, crowd), 1)
         ]
     return [
         {"id": k, "image_id": i, "category_id": c, "bbox": [x, y, bw, bh], "area": a, "iscrowd": 0, "score": s}
