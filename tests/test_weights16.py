@@ -45,12 +45,14 @@ def libreyolo16() -> Path:
     return folder
 
 
-def reference(folder: Path, family: str, size: str, nc: int, out: Path) -> dict[str, torch.Tensor]:
+def reference(
+    folder: Path, family: str, size: str, nc: int, out: Path, device: str = "cpu", dtype: str = "float32"
+) -> dict[str, torch.Tensor]:
     """Run 1.6 on a fixed input (two 64 px images, RGB in 0..1) and return its outputs; its files land in out."""
     torch.save(torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(3)), out / "x.pt")
     env = {**os.environ, "PYTHONPATH": str(folder)}
     got = subprocess.run(
-        [sys.executable, str(REF_SCRIPT), family, size, str(nc), str(out)],
+        [sys.executable, str(REF_SCRIPT), family, size, str(nc), str(out), device, dtype],
         capture_output=True, text=True, timeout=300, env=env, cwd=out,
     )  # fmt: skip
     assert got.returncode == 0, got.stderr[-2000:]

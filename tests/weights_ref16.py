@@ -3,8 +3,9 @@ build a randomly initialised model, save it as 1.6 saves checkpoints (.pt, and i
 write its raw head outputs and post-processed boxes for a fixed input to reference.pt. tests/test_weights16.py runs
 this in a subprocess and compares this project's outputs with them.
 
-usage: python weights_ref16.py FAMILY SIZE NC OUT_DIR   (FAMILY: yolo9 or yolox; the input: tensors in OUT_DIR/x.pt,
-RGB in 0..1, as this project's networks take it)"""
+usage: python weights_ref16.py FAMILY SIZE NC OUT_DIR [DEVICE DTYPE]   (FAMILY: yolo9, yolox or resnet; the input:
+tensors in OUT_DIR/x.pt, RGB in 0..1, as this project's networks take it; DEVICE cpu or cuda, DTYPE float32 or
+float16: the forward runs there, the saved files and outputs are float32 on the CPU)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 
-def main(family: str, size: str, nc: int, out: Path) -> None:
+def main(family: str, size: str, nc: int, out: Path, device: str = "cpu", dtype: str = "float32") -> None:
     from safetensors.torch import save_file
 
     import libreyolo
@@ -23,6 +24,7 @@ def main(family: str, size: str, nc: int, out: Path) -> None:
         raise SystemExit(f"expected LibreYOLO 1.6 on PYTHONPATH, imported {libreyolo.__file__}")
     torch.manual_seed(0)
     x = torch.load(out / "x.pt", weights_only=True)
+    run = _Run(device, getattr(torch, dtype))
     if family == "yolo9":
         from libreyolo import LibreYOLO9
         from libreyolo.postprocess.yolo9 import postprocess
@@ -34,7 +36,7 @@ def main(family: str, size: str, nc: int, out: Path) -> None:
             _randomise_bn(net)
             for tower in net.head.cv3:  # its class prior (-10) leaves no box above any threshold: compare boxes
                 tower[-1].bias.zero_()
-            result = net(x)
+            result = run(net, x)
         raw = torch.cat([r.flatten(2) for r in result["raw_outputs"]], 2)  # (B, 4 * 16 + nc, anchors)
         post = postprocess({"predictions": result["predictions"][:1]}, 0.001, 0.7, x.shape[-1], max_det=50)
     elif family == "resnet":  # the network alone: 1.6 normalises its input by ImageNet's mean/std first
@@ -44,7 +46,7 @@ def main(family: str, size: str, nc: int, out: Path) -> None:
         net = model.model.eval()
         with torch.no_grad():
             _randomise_bn(net)
-            raw = net(x)
+            raw = run(net, x)
         post = {"boxes": [], "scores": [], "classes": []}
     else:
         from libreyolo import LibreYOLOX
@@ -59,10 +61,13 @@ def main(family: str, size: str, nc: int, out: Path) -> None:
                 conv.register_forward_hook(lambda m, i, o, name=name: got[name].append(o))
         with torch.no_grad():
             _randomise_bn(net)
-            levels = net(x.flip(1) * 255.0)  # 1.6's YOLOX takes BGR in 0..255
-        raw = torch.cat(
-            [torch.cat((r, o, c), 1).flatten(2) for r, o, c in zip(got["reg"], got["obj"], got["cls"])], 2
-        ).transpose(1, 2)  # (B, anchors, 5 + nc)
+            levels = run(net, x.flip(1) * 255.0)  # 1.6's YOLOX takes BGR in 0..255
+        raw = (
+            torch.cat([torch.cat((r, o, c), 1).flatten(2) for r, o, c in zip(got["reg"], got["obj"], got["cls"])], 2)
+            .transpose(1, 2)
+            .float()
+            .cpu()
+        )  # (B, anchors, 5 + nc)
         post = postprocess([lvl[:1] for lvl in levels], 0.001, 0.7, x.shape[-1], max_det=50)
     model.save(str(out / f"libreyolo16_{family}{size}.pt"))
     save_file(
@@ -72,6 +77,29 @@ def main(family: str, size: str, nc: int, out: Path) -> None:
     scores = torch.as_tensor(post["scores"], dtype=torch.float32).reshape(-1)
     classes = torch.as_tensor(post["classes"], dtype=torch.float32).reshape(-1)
     torch.save({"raw": raw, "boxes": boxes, "scores": scores, "classes": classes}, out / "reference.pt")
+
+
+class _Run:
+    """A forward on the device and dtype asked for; the network goes back to the CPU in float32 afterwards (its
+    files are saved from there), its outputs come back as float32 CPU tensors."""
+
+    def __init__(self, device: str, dtype: torch.dtype):
+        self.device, self.dtype = device, dtype
+
+    def __call__(self, net: torch.nn.Module, x: torch.Tensor):
+        out = net.to(self.device, self.dtype)(x.to(self.device, self.dtype))
+        net.to("cpu", torch.float32)
+        return _back(out)
+
+
+def _back(out):
+    if isinstance(out, torch.Tensor):
+        return out.float().cpu()
+    if isinstance(out, dict):
+        return {k: _back(v) for k, v in out.items()}
+    if isinstance(out, (list, tuple)):
+        return type(out)(_back(v) for v in out)
+    return out
 
 
 def _randomise_bn(net: torch.nn.Module) -> None:
@@ -85,4 +113,4 @@ def _randomise_bn(net: torch.nn.Module) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), *sys.argv[5:7])
