@@ -116,3 +116,14 @@ def test_the_pickle_refusal_names_what_it_met_without_torchs_advice(tmp_path):
     msg = str(e.value)
     assert "refuses" in msg and "system" in msg
     assert "weights_only" not in msg and "\x1b" not in msg and "trusted" not in msg
+
+
+def test_an_events_file_left_with_half_a_line_is_cut_back_when_opened_again(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"type": "heartbeat", "v": 4}\n{"type": "step", "v": 4, "epo')  # a process killed mid-line
+    w = EventWriter(path)
+    from libreyolo.events import Heartbeat
+
+    w.write(Heartbeat(epoch=0, step=1, pid=1))
+    w.close()
+    assert [e["type"] for e in _whole_lines(path)] == ["heartbeat", "heartbeat"]
