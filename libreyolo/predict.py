@@ -20,7 +20,7 @@ from libreyolo.data.labels import JPEG_SUFFIXES, truncated_jpeg
 from libreyolo.distributed.device import first_device
 from libreyolo.errors import DataError
 from libreyolo.eval.validator import to_input, to_original
-from libreyolo.nn.nms import split_detections
+from libreyolo.nn.nms import check_nms, split_detections
 from libreyolo.sources import open_source
 
 
@@ -165,6 +165,7 @@ def _detect(
     multi_label: bool,
 ) -> Iterator[Results]:
     dev = first_device(device)
+    check_nms(dev)  # a torchvision built for another torch: one error naming both versions, not a traceback
     net = model.net.to(dev).eval()
     for batch_items in read_batches(source, batch, results):
         imgs, metas = [], []

@@ -12,6 +12,7 @@ from libreyolo.data.loader import cpu_count, default_workers, val_loader
 from libreyolo.distributed.device import parse_device
 from libreyolo.errors import ConfigError, DataError
 from libreyolo.eval.confusion import confusion_matrix
+from libreyolo.nn.nms import check_nms
 from libreyolo.tasks import get_task
 
 VAL_KEYS = {"imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "multi_label", "amp", "amp_dtype"}
@@ -31,6 +32,7 @@ def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: A
     cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs}, family=model.family)
     kind, gpus = parse_device(cfg.device)
     device = torch.device(f"cuda:{gpus[0]}" if kind == "cuda" else kind)
+    check_nms(device)  # a torchvision built for another torch: one error naming both, before any work
     task = get_task(model.family.task).implementation()
     dc = task.load_data(data or cfg.data)
     if dc.names != model.names and len(dc.names) != model.nc:

@@ -102,6 +102,13 @@ def test_a_torchvision_built_for_another_torch_stops_the_run_before_its_first_st
     code, err = _train(tiny_data, tmp_path, capsys)
     assert code == 2 and len(_error_lines(err)) == 1 and f"torch {torch.__version__}" in err
     assert not (tmp_path / "exp").exists()  # nothing was started
+    from libreyolo import LibreYOLO
+
+    image = next((tiny_data.parent / "images" / "val").glob("*.jpg"))
+    with pytest.raises(InstallError):  # predict and val say the same, not a traceback at their first batch
+        LibreYOLO("LibreYOLO9t").predict(str(image), imgsz=64, device="cpu")
+    with pytest.raises(InstallError):
+        LibreYOLO("LibreYOLO9t").val(data=str(tiny_data), imgsz=64, device="cpu", workers=0)
 
 
 def test_the_pickle_refusal_names_what_it_met_without_torchs_advice(tmp_path):
