@@ -46,7 +46,9 @@ def libreyolo16() -> Path:
     # loaders): where one is missing, say which instead of failing every test on it
     probe = "from libreyolo import LibreYOLO9, LibreYOLOX, LibreResNet; import safetensors"
     env = {**os.environ, "PYTHONPATH": str(folder)}
-    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    got = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=folder, timeout=300
+    )
     if got.returncode != 0:
         pytest.skip(f"libreyolo=={VERSION} is installed but does not import: {got.stderr.strip().splitlines()[-1]}")
     return folder
