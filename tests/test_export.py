@@ -190,6 +190,8 @@ def test_auto_falls_back_to_the_torchscript_based_exporter_and_says_why(tmp_path
         ("LibreResNet18", {"nms": True}, "has no NMS"),
         ("LibreRTDETRr18", {"dynamic": True}, "cannot be exported with dynamic=true"),
         ("LibreYOLOXn", {"nms": True, "format": "torchscript"}, "nms=true is for format=onnx"),
+        ("LibreYOLOXn", {"nms": True, "dynamic": "batch"}, "one input shape"),
+        ("LibreRTDETRr18", {"half": True}, "does not run in float16"),
         ("LibreYOLOXn", {"imgsz": 70}, "multiple of 32"),
         ("LibreYOLOXn", {"opset_version": 18}, "unknown key 'opset_version'"),
     ],

@@ -10,6 +10,7 @@ BENCHES = {
     "step": "training step time on one replayed batch: eager, cuda_graph=true, cuda_graph=full",
     "loader": "data loader images/s for each cache mode and a range of worker counts",
     "val": "validation images/s and seconds per stage: loader, forward, loss, NMS, copy, COCO evaluation",
+    "export": "onnxruntime CPU latency per image of each model exported to ONNX, beside PyTorch eager",
     "race": "whole `libreyolo train` runs, launch to exit, one per cuda_graph mode, split into their parts",
 }
 
