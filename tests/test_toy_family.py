@@ -186,12 +186,14 @@ def test_family_keys_belong_to_their_family(toy):
     assert TOY.options_of(cfg).toy_gain == 3.0 and cfg.family == "toy" and cfg.to_dict()["toy_gain"] == 3.0
     with pytest.raises(
         ConfigError,
-        match=r"dfl is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s, LibreYOLO9m, LibreYOLO9c\); toy models \(ToyNeta\) do not take it",
+        match=r"dfl is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s, LibreYOLO9m, LibreYOLO9c\); "
+        r"toy models \(ToyNeta\) do not take it",
     ):
         TrainConfig.from_overrides({"model": "ToyNeta", "dfl": 1.0})
     with pytest.raises(
         ConfigError,
-        match=r"box is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s, LibreYOLO9m, LibreYOLO9c\), the yolox family \(LibreYOLOXn",
+        match=r"box is a key of the yolo9 family \(LibreYOLO9t, LibreYOLO9s, LibreYOLO9m, LibreYOLO9c\), "
+        r"the yolox family \(LibreYOLOXn",
     ):
         TrainConfig.from_overrides({"model": "ToyNeta", "box": 1.0})
     with pytest.raises(ConfigError, match=r"toy_gain is a key of the toy family \(ToyNeta\); yolo9 models"):
