@@ -11,6 +11,7 @@ import torch
 from conftest import FAST
 
 from libreyolo import LibreYOLO
+from libreyolo.data import splits
 from libreyolo.data.config import list_images, load_data_config
 from libreyolo.data.dataset import YOLODataset
 from libreyolo.data.labels import scan_labels
@@ -53,12 +54,17 @@ def coco2017(tiny_data, tmp_path):
     return tmp_path / "annotations" / "instances_train2017.json"
 
 
-def test_the_common_layouts_are_found(tiny_data, coco2017, tmp_path):
+def test_the_common_layouts_are_found(tiny_data, coco2017, tmp_path, monkeypatch):
     dc = load_data_config(coco2017)  # COCO 2017: the val JSON beside, the images in ../train2017
     assert dc.names == ["circle", "square", "triangle"] and dc.val[0].name == "instances_val2017.json"
     train = scan_split(dc, "train", dc.nc, [])
     assert len(train) == 16 and train.files[0].parent == tmp_path / "train2017"
     assert sum(len(c) for c in train.crowd) == 8  # kept apart, not among the boxes trained on
+    assert coco2017.with_name(coco2017.name + ".scan.npz").is_file()  # the image checks, cached as for .txt
+    monkeypatch.setattr(splits, "image_check", lambda f: pytest.fail("the cache was not used"))
+    again = scan_split(dc, "train", dc.nc, [])
+    assert again.files == train.files and again.shapes == train.shapes
+    monkeypatch.undo()
     rf = tmp_path / "rf"  # Roboflow's export: train/_annotations.coco.json beside its images, valid/ beside it
     for split, folder in (("train", "train"), ("val", "valid")):
         (rf / folder).mkdir(parents=True)
