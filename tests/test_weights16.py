@@ -29,7 +29,9 @@ def libreyolo16() -> Path:
     """The folder LibreYOLO 1.6 is installed in: pip --target, once per machine, in the user's cache (not the
     test session's private one, which is new each session), built aside and renamed when complete."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "libreyolo-reference"
-    folder = root / f"libreyolo-{VERSION}"
+    # LIBREYOLO16_DIR: a folder installed elsewhere (pip install --no-deps --target DIR libreyolo==1.6.0 tqdm),
+    # carried to a machine without a network
+    folder = Path(os.environ.get("LIBREYOLO16_DIR") or root / f"libreyolo-{VERSION}")
     if not folder.is_dir():
         aside = root / f".libreyolo-{VERSION}.{os.getpid()}"
         shutil.rmtree(aside, ignore_errors=True)
