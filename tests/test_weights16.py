@@ -104,15 +104,10 @@ def test_libreyolo16_checkpoint_gives_its_outputs(libreyolo16, tmp_path, family,
         torch.testing.assert_close(raw, ref["raw"], atol=1e-4, rtol=0)
         assert_same_boxes(boxes, ref)
     assert model.names == ["class0", "class1", "class2"]  # a .safetensors carries no names
-
-
-def test_libreyolo16_names_and_size_come_from_its_pt(libreyolo16, tmp_path):
-    reference(libreyolo16, "yolox", "n", 3, tmp_path)
-    model = LibreYOLO(tmp_path / "libreyolo16_yoloxn.pt")
-    assert model.names == ["class_0", "class_1", "class_2"] and model.imgsz == 416
-    # saved here, it is this project's own checkpoint and loads as one
-    again = LibreYOLO(model.save(tmp_path / "own.pt"))
-    assert again.loaded_note == "" and again.model_name == "LibreYOLOXn"
+    model = LibreYOLO(tmp_path / f"libreyolo16_{family}{size}.pt")  # the .pt carries them, and its image size
+    assert model.names == ["class_0", "class_1", "class_2"] and model.imgsz == (416 if family == "yolox" else 640)
+    again = LibreYOLO(model.save(tmp_path / "own.pt"))  # saved here, it is this project's checkpoint
+    assert again.loaded_note == "" and again.model_name == model.model_name
 
 
 def test_libreyolo16_yolo9_t_is_refused_with_the_reason(libreyolo16, tmp_path):
