@@ -110,16 +110,18 @@ def test_libreyolo16_checkpoint_gives_its_outputs(libreyolo16, tmp_path, family,
     assert again.loaded_note == "" and again.model_name == model.model_name
 
 
-def test_libreyolo16_yolo9_t_is_refused_with_the_reason(libreyolo16, tmp_path):
-    torch.save(torch.zeros(1), tmp_path / "x.pt")
+def test_libreyolo16_yolo9_t_and_mobilenetv4_s_are_refused_with_the_reason(libreyolo16, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(libreyolo16)}
     code = (
-        "import sys; from libreyolo import LibreYOLO9; "
-        "LibreYOLO9(None, size='t', nb_classes=3, device='cpu').save(sys.argv[1])"
+        "import sys; from libreyolo import LibreYOLO9, LibreMobileNetV4; "
+        "LibreYOLO9(None, size='t', nb_classes=3, device='cpu').save(sys.argv[1] + '/t.pt'); "
+        "LibreMobileNetV4(None, size='s', nb_classes=3, device='cpu').save(sys.argv[1] + '/s.pt')"
     )
-    subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.pt")], check=True, env=env, cwd=tmp_path)
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=env, cwd=tmp_path)
     with pytest.raises(CheckpointError, match="AConv downsamplers"):
         LibreYOLO(tmp_path / "t.pt")
+    with pytest.raises(CheckpointError, match="MobileNetV4-Conv-S starts with plain conv-BN-ReLU"):
+        LibreYOLO(tmp_path / "s.pt")
 
 
 def test_libreyolo16_resnet_checkpoint_gives_its_logits(libreyolo16, tmp_path):
@@ -128,5 +130,14 @@ def test_libreyolo16_resnet_checkpoint_gives_its_logits(libreyolo16, tmp_path):
     model = LibreYOLO(tmp_path / "libreyolo16_resnet18.pt")
     assert model.model_name == "LibreResNet18" and model.names == ["class_0", "class_1", "class_2", "class_3"]
     assert "LibreYOLO 1.6 ResNet checkpoint" in model.loaded_note
+    with torch.no_grad():
+        torch.testing.assert_close(model.net.eval()(x), ref["raw"], atol=1e-4, rtol=0)
+
+
+def test_libreyolo16_mobilenetv4_m_gives_its_logits(libreyolo16, tmp_path):
+    ref = reference(libreyolo16, "mnv4", "m", 4, tmp_path)
+    x = torch.load(tmp_path / "x.pt", weights_only=True)
+    model = LibreYOLO(tmp_path / "libreyolo16_mnv4m.pt")
+    assert model.model_name == "LibreMNv4m" and "MobileNetV4-Conv" in model.loaded_note
     with torch.no_grad():
         torch.testing.assert_close(model.net.eval()(x), ref["raw"], atol=1e-4, rtol=0)

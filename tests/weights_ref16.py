@@ -3,7 +3,7 @@ build a randomly initialised model, save it as 1.6 saves checkpoints (.pt, and i
 write its raw head outputs and post-processed boxes for a fixed input to reference.pt. tests/test_weights16.py runs
 this in a subprocess and compares this project's outputs with them.
 
-usage: python weights_ref16.py FAMILY SIZE NC OUT_DIR [DEVICE DTYPE]   (FAMILY: yolo9, yolox or resnet; the input:
+usage: python weights_ref16.py FAMILY SIZE NC OUT_DIR [DEVICE DTYPE]   (FAMILY: yolo9, yolox, resnet or mnv4; the input:
 tensors in OUT_DIR/x.pt, RGB in 0..1, as this project's networks take it; DEVICE cpu or cuda, DTYPE float32 or
 float16: the forward runs there, the saved files and outputs are float32 on the CPU)"""
 
@@ -39,10 +39,11 @@ def main(family: str, size: str, nc: int, out: Path, device: str = "cpu", dtype:
             result = run(net, x)
         raw = torch.cat([r.flatten(2) for r in result["raw_outputs"]], 2)  # (B, 4 * 16 + nc, anchors)
         post = postprocess({"predictions": result["predictions"][:1]}, 0.001, 0.7, x.shape[-1], max_det=50)
-    elif family == "resnet":  # the network alone: 1.6 normalises its input by ImageNet's mean/std first
-        from libreyolo import LibreResNet
+    elif family in ("resnet", "mnv4"):  # the network alone: 1.6 normalises its input by ImageNet's mean/std first
+        from libreyolo import LibreMobileNetV4, LibreResNet
 
-        model = LibreResNet(None, size=size, nb_classes=nc, device="cpu")
+        build = LibreResNet if family == "resnet" else LibreMobileNetV4
+        model = build(None, size=size, nb_classes=nc, device="cpu")
         net = model.model.eval()
         with torch.no_grad():
             _randomise_bn(net)

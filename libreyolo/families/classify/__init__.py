@@ -81,4 +81,13 @@ RESNET = _family(
     "libreyolo.families.classify.convert",
     TORCHVISION,
 )
-MNV4 = _family("mnv4", "LibreMNv4", ("s", "m", "l"), "MNV4", 4, ("features",))
+MNV4 = _family(
+    "mnv4",
+    "LibreMNv4",
+    ("s", "m", "l"),
+    "MNV4",
+    4,
+    ("features",),
+    "libreyolo.families.classify.convert_mnv4",
+    "LibreYOLO 1.6 publishes MobileNetV4 weights at huggingface.co/LibreYOLO",
+)
