@@ -26,6 +26,7 @@ from libreyolo_console.widgets.epochs import EpochTable
 from libreyolo_console.widgets.fmt import duration
 from libreyolo_console.widgets.gpu_panel import GpuPanel
 from libreyolo_console.widgets.graph_log import GraphLog, mode_short
+from libreyolo_console.widgets.images import ImagePanel
 from libreyolo_console.widgets.log_tail import START_BYTES, LogTail, last_lines
 from libreyolo_console.widgets.plots import LossPlot, MetricsPlot
 from libreyolo_console.widgets.processes import ProcessPanel
@@ -37,7 +38,7 @@ from libreyolo_console.widgets.vram import VramPanel
 if TYPE_CHECKING:
     from libreyolo_console.app import ConsoleApp
 
-TABS = ("overview", "metrics", "gpu", "profiler", "graphs", "log")
+TABS = ("overview", "metrics", "gpu", "profiler", "graphs", "log", "images")
 STALL_S = 30.0  # heartbeats come every 10 s: this long without any event means the trainer is stuck
 # the panels redrawn from the RunState on every redraw (besides the progress panel, of which there is one)
 STATE_PANELS = (LossPlot, MetricsPlot, EpochTable, VerdictPanel, GraphLog, VramPanel)
@@ -66,7 +67,7 @@ class RunScreen(Screen[None]):
     BINDINGS = [
         Binding("s", "stop", "Stop"),
         Binding("r", "resume", "Resume"),
-        *[Binding(str(i + 1), f"tab('{t}')", "Panels", key_display="1-6", show=i == 0) for i, t in enumerate(TABS)],
+        *[Binding(str(i + 1), f"tab('{t}')", "Panels", key_display="1-7", show=i == 0) for i, t in enumerate(TABS)],
         Binding("escape", "runs", "Runs"),
         Binding("n", "new_run", "New run"),
         Binding("w", "wrap", "Wrap"),  # (shown on the log panel, where it acts)
@@ -114,6 +115,8 @@ class RunScreen(Screen[None]):
                 yield VramPanel()
             with TabPane("6 Log", id="log"):
                 yield LogTail()
+            with TabPane("7 Images", id="images"):
+                yield ImagePanel(self.run_dir)
         yield Footer()
 
     def on_mount(self) -> None:
