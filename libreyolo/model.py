@@ -11,6 +11,7 @@ from torch import nn
 from libreyolo import oom
 from libreyolo.config import TrainConfig
 from libreyolo.engine.checkpoint import load_checkpoint, load_weights, save_atomic
+from libreyolo.engine.loop import OnStart
 from libreyolo.engine.snapshot import snapshot
 from libreyolo.engine.state import model_record
 from libreyolo.errors import CheckpointError, ConfigError
@@ -201,7 +202,7 @@ class LibreYOLO:
         return f"LibreYOLO({self.model_name}, {self.nc} classes, {n / 1e6:.2f}M params, {state})"
 
 
-def run_extensions(cfg: TrainConfig) -> list[Any]:
+def run_extensions(cfg: TrainConfig) -> list[OnStart]:
     """What a run attaches to its trainer: the experiment trackers (mlflow=true, wandb=true: a missing package is an
     error before the run starts; a resumed run's own keys decide), the profiler's window with profile=true (imported
     only then: profile=false costs nothing)."""

@@ -101,7 +101,7 @@ def test_explained_passes_other_errors_through():
 
 
 def test_api_train_raises_a_clear_error(tiny_data, tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_mod, "build_setup", _oom)  # as the EMA's deep copy in the setup would
+    monkeypatch.setattr(trainer_mod, "build_run", _oom)  # as the EMA's deep copy in the setup would
     with pytest.raises(DeviceMemoryError) as e:
         LibreYOLO("LibreYOLO9t").train(data=str(tiny_data), project=str(tmp_path), epochs=1, **FAST)
     assert isinstance(e.value, LibreYOLOError) and isinstance(e.value.__cause__, torch.OutOfMemoryError)
@@ -132,7 +132,7 @@ def keep_signals():
 
 
 def test_cli_train_prints_one_error_without_traceback(tiny_data, tmp_path, monkeypatch, capsys, keep_signals):
-    monkeypatch.setattr(trainer_mod, "build_setup", _oom)
+    monkeypatch.setattr(trainer_mod, "build_run", _oom)
     argv = ["train", f"data={tiny_data}", "imgsz=64", "epochs=1", "batch=4", "device=cpu", "workers=0"]
     assert main([*argv, f"project={tmp_path}"]) == 2
     err = capsys.readouterr().err
@@ -143,7 +143,7 @@ def test_cli_train_prints_one_error_without_traceback(tiny_data, tmp_path, monke
 def test_cli_profile_and_bench_name_their_own_flags(tiny_data, tmp_path, monkeypatch, capsys):
     from libreyolo.bench import step
 
-    monkeypatch.setattr(trainer_mod, "build_setup", _oom)
+    monkeypatch.setattr(trainer_mod, "build_run", _oom)
     argv = ["profile", "run", str(tiny_data), "--device", "cpu", "--batch", "4", "--imgsz", "64", "--workers", "0"]
     assert main([*argv, "--project", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -175,14 +175,13 @@ def test_resumed_run_that_runs_out_of_memory_leaves_last_pt_untouched(tiny_data,
     last = tmp_path / "exp" / "weights" / "last.pt"
     before = _sha(last)
 
-    real = trainer_mod.build_setup
+    real = trainer_mod.Trainer.restore
 
-    def setup_then_oom_in_the_step(trainer, undo=None):
-        s = real(trainer, undo)
-        s.step = _oom  # the resumed run's first step runs out of memory
-        return s
+    def restore_then_oom_in_the_step(trainer, ckpt):
+        real(trainer, ckpt)
+        trainer.s.step = _oom  # the resumed run's first step runs out of memory
 
-    monkeypatch.setattr(trainer_mod, "build_setup", setup_then_oom_in_the_step)
+    monkeypatch.setattr(trainer_mod.Trainer, "restore", restore_then_oom_in_the_step)
     with pytest.raises(DeviceMemoryError, match="batch=4 imgsz=64") as e:
         LibreYOLO(last).train(resume=True, model=str(last))
     assert _sha(last) == before

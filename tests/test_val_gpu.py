@@ -146,19 +146,20 @@ def test_validation_inside_training_runs_on_its_thread_from_the_weights_its_epoc
 
     from libreyolo import LibreYOLO
     from libreyolo.data.shapes import make_shapes
-    from libreyolo.engine import epochval
     from libreyolo.engine.checkpoint import load_checkpoint
     from libreyolo.events import read_events
+    from libreyolo.tasks import get_task
 
     read: list[tuple[str, dict[str, torch.Tensor]]] = []
-    real = epochval.start_validation
+    detect = type(get_task("detect").implementation())
+    real = detect.start_validation
 
-    def start(net, *args, **kwargs):
+    def start(self, net, *args, **kwargs):
         # cloned on the validation thread's stream, after it waited for the weights copy
         read.append((threading.current_thread().name, {k: v.detach().clone() for k, v in net.state_dict().items()}))
-        return real(net, *args, **kwargs)
+        return real(self, net, *args, **kwargs)
 
-    monkeypatch.setattr(epochval, "start_validation", start)
+    monkeypatch.setattr(detect, "start_validation", start)
     data = make_shapes(tmp_path / "d", 64, 16, 160)
     m = LibreYOLO("LibreYOLO9t")
     m.train(data=str(data), epochs=3, imgsz=160, batch=8, device=0, workers=2, save_period=1, project=str(tmp_path))

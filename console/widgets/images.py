@@ -19,7 +19,7 @@ try:  # the console extra's; imported with the app, before it starts: it asks th
     from PIL import Image as PILImage
     from textual_image.widget import Image as TerminalImage
 except ImportError:  # pragma: no cover  (the console extra installs it)
-    TerminalImage = None
+    TerminalImage = None  # type: ignore[assignment]
 
 POLL_S = 1.0
 SUFFIXES = (".png", ".jpg", ".jpeg")

@@ -20,6 +20,7 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
+from libreyolo.engine.loop import RunLoop
 from libreyolo.errors import LibreYOLOError
 from libreyolo.profiler.artifacts import write_json
 from libreyolo.profiler.schema import load_profile
@@ -39,7 +40,7 @@ class _StopWhenProfiled:
     """A callback: once the `profile` event is out, end the run after the current step."""
 
     def __init__(self) -> None:
-        self.trainer: Any = None
+        self.trainer: RunLoop | None = None
 
     def __call__(self, e: ev.Event) -> None:
         if e.type == "profile" and self.trainer is not None:

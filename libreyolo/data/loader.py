@@ -187,6 +187,9 @@ class ValLoader(DataLoader):
     (training must call it when it ends: left to interpreter exit, torch joins each persistent worker with a 5 s
     timeout)."""
 
+    dataset: YOLODataset
+    batch_size: int
+
     def __init__(self, dataset: YOLODataset, batch_size: int, workers: int, pin: bool, persistent: bool = False):
         n_batches = math.ceil(len(dataset) / max(1, batch_size))
         super().__init__(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +20,11 @@ from torch import nn
 
 from libreyolo.engine.components import NOMINAL_BATCH
 from libreyolo.families.base import LossFn
+
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
+    from libreyolo.distributed.context import DistContext
+    from libreyolo.families import Family
 
 FRACTION = 0.6
 PROBE_SIZES = (1, 2, 4, 8, 16)
@@ -141,7 +146,7 @@ def _peak_bytes(
     return float(torch.cuda.max_memory_allocated(device))
 
 
-def probe_model(family: Any, size: str, nc: int, cfg: Any, device: torch.device) -> tuple[nn.Module, LossFn]:
+def probe_model(family: Family, size: str, nc: int, cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, LossFn]:
     """A throwaway copy of the network the run will train, to probe (the real one's weights stay untouched)."""
     net = family.build(size, nc)
     train_net = family.train_net(net, cfg).to(device)
@@ -163,9 +168,9 @@ def _synthetic_targets(
 
 
 def resolve_global_batch(
-    cfg: Any,
+    cfg: TrainConfig,
     device: torch.device,
-    ctx: Any,
+    ctx: DistContext,
     probe: Callable[[], tuple[nn.Module, LossFn]],
     autocast_dtype: torch.dtype | None,
     notes: list[str],
@@ -180,7 +185,7 @@ def resolve_global_batch(
     result = None
     if ctx.is_main:
         train_net, loss_fn = probe()
-        cap = NOMINAL_BATCH if cfg.nbs == "auto" else cfg.nbs
+        cap = NOMINAL_BATCH if cfg.nbs == "auto" else int(cfg.nbs)
         result = autobatch(
             train_net, loss_fn, device, cfg.imgsz, autocast_dtype, ctx.world_size, cap, cfg.channels_last
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,6 +16,10 @@ from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.step import EagerStep
 from libreyolo.engine.warmup import KernelWarmup
 from libreyolo.families.base import LossFn, Reduce
+
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
+    from libreyolo.families import Family
 
 
 @dataclass
@@ -50,7 +54,7 @@ class StepParts:
         )
 
 
-def overlap_wanted(cfg: Any, step: EagerStep, device: torch.device, accumulate: int, autobatch: bool) -> bool:
+def overlap_wanted(cfg: TrainConfig, step: EagerStep, device: torch.device, accumulate: int, autobatch: bool) -> bool:
     """Whether the eager step runs a micro-step's backward beside the next forward (engine/overlap.py): asked for
     (cfg.overlap_backward), on a CUDA device, where the step is host-bound; with flat parameters (DDP's wrapper
     expects each backward to end before the next forward); with micro-steps to overlap (accumulate > 1: an optimizer
@@ -82,9 +86,9 @@ def optimizer_steps(n_train: int, batch: int, nbs: int, epochs: int) -> int:
 
 
 def build_step_parts(
-    family: Any,
+    family: Family,
     net: nn.Module,
-    cfg: Any,
+    cfg: TrainConfig,
     device: torch.device,
     batch: int,
     n_train: int,

@@ -13,19 +13,18 @@ same point) and while profiling, validation is synchronous."""
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from libreyolo import events as ev
 from libreyolo.config import resolve_multi_label
 from libreyolo.data.dataset import capacity
-from libreyolo.data.loader import ValLoader
+from libreyolo.engine import passes
 from libreyolo.engine.graphs import STABLE_AFTER
 from libreyolo.eval.coco import EvalProcess, load_evaluator
 from libreyolo.eval.graphed import EvalGraph
@@ -34,6 +33,10 @@ from libreyolo.eval.validator import PendingValidation, to_input
 from libreyolo.nn.clone import clone
 from libreyolo.runs import append_results, results_columns, results_row
 from libreyolo.tasks import get_task
+
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.setup import TrainSetup
 
 # The validation workers start decoding this many steps before an epoch ends, or earlier, VAL_HEAD_START_S before
 # its end by the epoch's steady step time: with 26 ms steps (LibreYOLO9t, batch 16, whole-step graph on the
@@ -58,28 +61,32 @@ class _Pending:
     held_s: float  # how long starting it held the training loop
 
 
-def validation_due(cfg: Any, epoch: int) -> bool:
-    """Whether the run validates after this epoch: every epoch with val=true, else only the last."""
-    return bool(cfg.val or epoch == cfg.epochs - 1)
+@dataclass(frozen=True)
+class Landed:
+    """A validation whose evaluation finished, as every rank learns it: the loop (engine/trainer.py) alone decides
+    from it whether these weights are the best so far and whether to stop early."""
 
-
-def start_val_workers(val_loader: ValLoader, device: torch.device, is_main: bool, due: bool) -> None:
-    """The persistent validation workers' first pass starts as soon as their loader exists (the setup's call; due:
-    the first epoch validates). Forked there, before the warm-up, they cost the start their own fork only. Forked
-    beside the warm-up's backward instead, the forks held that backward (the start's critical path) 0.3 s longer;
-    in the first epoch's prefetch they held the loop until the GPU ran out of queued steps for 0.17 s
-    (docs/performance-archive.md, 2026-12-03 and 2026-12-04)."""
-    if device.type == "cuda" and is_main and due and val_loader.persistent_workers:
-        val_loader.prefetch()
+    epoch: int
+    fitness: float
+    metrics: dict[str, float]  # the task's metrics and "fitness"
+    weights: dict[str, torch.Tensor] | None  # the weights validated (rank 0; None on the other ranks)
 
 
 class EpochValidations:
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
+    """What validation needs of the run is passed in, not the trainer: the setup, the config, where events and
+    unreadable files go, and on_landed, which receives each finished validation (the loop judges it)."""
+
+    def __init__(
+        self,
+        s: TrainSetup,
+        cfg: TrainConfig,
+        emit: Callable[[ev.Event], None],
+        note_bad: Callable[[list[str]], None],
+        on_landed: Callable[[Landed], None],
+    ):
+        self.s, self.cfg, self.emit, self.note_bad, self.on_landed = s, cfg, emit, note_bad, on_landed
         self.pending: _Pending | None = None
         self.fitness: dict[int, float] = {}  # epoch -> fitness, once landed
-        self.patience_left = trainer.cfg.patience or math.inf
-        s, cfg = trainer.s, trainer.cfg
         self.task = get_task(s.family.task).implementation()  # the validation of the run's task
         self.source = s.kept_net  # what is validated: the EMA weights, if any
         # on a GPU the validation runs beside the next epoch's steps, which update the source in place: it reads a
@@ -105,6 +112,7 @@ class EpochValidations:
                 capacity(max(map(len, s.val_loader.dataset.labels.labels), default=0)),
             )
         self._told = False
+        self.on_result: Callable[[int, dict[str, object]], None] | None = None  # each result (the plot writer)
         self.multi_label = resolve_multi_label(cfg.multi_label, "val")  # what the validations and the warm-up NMS with
         # steps until _warm_up() starts: once the training step's own graphs are captured (at the STABLE_AFTER-th
         # step, and its other micro/boundary variant within one accumulation window after it)
@@ -116,7 +124,7 @@ class EpochValidations:
     def synchronous(self) -> bool:
         """DDP: every rank takes part in the broadcast of the result, at the same point. profile=true: an
         evaluation running beside the profiled steps would take the interpreter lock and the CPU from them."""
-        return self.trainer.s.world_size > 1 or self.trainer.cfg.profile
+        return self.s.world_size > 1 or self.cfg.profile
 
     def invalidate(self) -> None:
         if self.graph is not None:
@@ -140,7 +148,7 @@ class EpochValidations:
         (docs/performance.md). The input is zeros of the validation batch's shape: the graph's weights are the
         validation network's own, refreshed in place before each validation. A failure is left to the first
         validation, which does the same work and reports it."""
-        s, cfg = self.trainer.s, self.trainer.cfg
+        s, cfg = self.s, self.cfg
         try:
             assert self.graph is not None and self.stream is not None
             n, imgsz = s.val_loader.batch_size, (cfg.imgsz, cfg.imgsz)
@@ -175,11 +183,11 @@ class EpochValidations:
             self.pending.validation.wait_device()
 
     def due(self, epoch: int) -> bool:
-        return validation_due(self.trainer.cfg, epoch)
+        return passes.validation_due(self.cfg, epoch)
 
     def prefetch(self, epoch: int) -> None:
         """Start the validation workers' pass a few steps before the epoch ends (they decode meanwhile)."""
-        s = self.trainer.s
+        s = self.s
         if s.is_main and self.due(epoch) and hasattr(s.val_loader, "prefetch"):
             # the previous validation's pass must be over (epochs shorter than a validation); the warm-up never
             # reads the loader: waiting for it here held the first epoch 0.4-0.5 s on the H200
@@ -187,8 +195,7 @@ class EpochValidations:
             s.val_loader.prefetch()
 
     def start(self, epoch: int, train_losses: Callable[[], dict[str, float]], lrs: dict[str, float]) -> None:
-        tr = self.trainer
-        s, cfg = tr.s, tr.cfg
+        s, cfg = self.s, self.cfg
         self.settle(wait=True)  # at most one evaluation in flight
         self._join_warm()  # the graph is captured (or capturing it failed) before a validation uses it
         if self.due(epoch) and s.is_main:
@@ -231,9 +238,8 @@ class EpochValidations:
             self.settle(wait=True)
 
     def settle(self, wait: bool) -> None:
-        """Land the pending validation if its evaluation finished (or wait for it)."""
-        tr = self.trainer
-        s = tr.s
+        """Land the pending validation if its evaluation finished (or wait for it): on_landed gets it."""
+        s = self.s
         p = self.pending
         if s.world_size > 1:
             if not wait:
@@ -241,26 +247,31 @@ class EpochValidations:
             self.pending = None
             landed = self._land(p) if p is not None else None
             epoch, fitness, metrics = s.dist.broadcast(landed or (None, None, {}))
-            self._judge(epoch, fitness, metrics, p)
+            if epoch is not None and fitness is not None:
+                self._landed(Landed(epoch, fitness, metrics, p.weights if p is not None else None))
             return
         if p is None or (not wait and not p.validation.done()):
             return
         self.pending = None
-        self._judge(*self._land(p), p)
+        epoch, fitness, metrics = self._land(p)
+        self._landed(Landed(epoch, fitness, metrics, p.weights))
+
+    def _landed(self, landed: Landed) -> None:
+        self.fitness[landed.epoch] = landed.fitness
+        self.on_landed(landed)
 
     def _land(self, p: _Pending) -> tuple[int, float, dict[str, float]]:
         """Rank 0: the val event and the results.csv row. -> (epoch, fitness, metrics)."""
-        tr = self.trainer
-        s = tr.s
+        s = self.s
         v = p.validation.result()
-        tr._note_bad(v["bad"])
+        self.note_bad(v["bad"])
         if self.graph is not None and self.graph.error and not self._told:
             self._told = True
             why = f"validation runs eager: capturing its CUDA graph failed ({self.graph.error})"
-            tr.emit(ev.WarningEvent(why, code="val_graph"))
+            self.emit(ev.WarningEvent(why, code="val_graph"))
         task = get_task(s.family.task)
         metrics = {k: float(v[k]) for k in task.metric_names}
-        tr.emit(
+        self.emit(
             ev.Val(
                 epoch=p.epoch,
                 metrics=metrics,
@@ -277,25 +288,6 @@ class EpochValidations:
             p.epoch + 1, time.time() - s.t_start, p.train_losses(), v, v["losses"], list(p.lrs.values()), task
         )
         append_results(s.run_dir / "results.csv", row, results_columns(s.family.loss_terms, len(p.lrs), task))
+        if self.on_result is not None:
+            self.on_result(p.epoch, v)
         return p.epoch, fitness, metrics
-
-    def _judge(self, epoch: int | None, fitness: float | None, metrics: dict[str, float], p: _Pending | None) -> None:
-        """Every rank: the best epoch so far (best.pt from the validated weights) and early stopping."""
-        if epoch is None or fitness is None:
-            return
-        tr = self.trainer
-        cfg = tr.cfg
-        self.fitness[epoch] = fitness
-        if tr.best_fitness is None or fitness > tr.best_fitness:
-            tr.best_fitness, tr.best_metrics = fitness, metrics
-            tr.save("best", weights=p.weights if p is not None else None, epoch=epoch + 1)
-            self.patience_left = cfg.patience or math.inf
-        else:
-            self.patience_left -= 1
-        if self.patience_left <= 0 and not tr.stop_requested:
-            tr.emit(
-                ev.WarningEvent(
-                    f"early stop: no improvement in {cfg.patience} epochs (patience={cfg.patience})", code="patience"
-                )
-            )
-            tr.stop_requested = "early_stop"

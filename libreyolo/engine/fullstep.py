@@ -18,7 +18,7 @@ rank captures and replays the same graphs (NCCL requires a captured collective's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +28,10 @@ from libreyolo.engine.graphs import GraphRunner, Shape
 from libreyolo.engine.step import EagerStep, Phases, TrainCounters
 from libreyolo.nn import streams
 from libreyolo.nn.inputs import normalize
+
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.components import StepParts
 
 
 class _FullGraph:
@@ -47,8 +51,8 @@ class FullGraphStep(GraphRunner):
     def __init__(
         self,
         eager: EagerStep,
-        parts: Any,
-        cfg: Any,
+        parts: StepParts,
+        cfg: TrainConfig,
         emit: Callable[[ev.Event], None],
         device: torch.device,
         capacity: int | None = None,

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
 
 FUSED_DEVICES = ("cuda", "cpu")  # where torch's fused SGD and AdamW run
 
@@ -81,7 +84,7 @@ def plain_step(opt: torch.optim.Optimizer) -> None:
     opt.step = step  # type: ignore[method-assign]
 
 
-def resolve_optimizer(cfg: Any, nc: int, iterations: int) -> tuple[str, float, float]:
+def resolve_optimizer(cfg: TrainConfig, nc: int, iterations: int) -> tuple[str, float, float]:
     """auto: SGD for long schedules (> 10k optimizer steps), else AdamW at a class-count-fitted LR (as Ultralytics)."""
     if cfg.optimizer != "auto":
         return cfg.optimizer, cfg.lr0, cfg.momentum
@@ -151,7 +154,7 @@ def lr_factor(epoch: float, epochs: int, lrf: float, cosine: bool) -> float:
 
 def apply_schedule(
     optimizer: torch.optim.Optimizer,
-    cfg: Any,
+    cfg: TrainConfig,
     epoch: int,
     ni: int,
     warmup_iters: int,

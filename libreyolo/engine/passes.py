@@ -71,3 +71,8 @@ class Peekable(Iterator[Any]):
 
     def __next__(self) -> Any:
         return self._ahead.pop() if self._ahead else next(self._it)
+
+
+def validation_due(cfg: TrainConfig, epoch: int) -> bool:
+    """Whether the run validates after this epoch: every epoch with val=true, else only the last."""
+    return bool(cfg.val or epoch == cfg.epochs - 1)

@@ -13,7 +13,7 @@ after its backward replay. NCCL can be captured from 2.9.6 on; Gloo collectives 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +23,11 @@ from libreyolo.engine.graphs import NetworkGraphStep
 from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.errors import ConfigError
 
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.components import StepParts
+    from libreyolo.families import Family
+
 NAMES = {"full": "full", True: "true", False: "false"}  # the mode as the cuda_graph key spells it
 
 
@@ -31,7 +36,7 @@ NCCL_CAPTURE = (2, 9, 6)  # the first NCCL whose collectives a CUDA graph can ca
 
 def graph_mode(
     setting: bool | str,
-    family: Any,
+    family: Family,
     device: torch.device,
     world_size: int,
     backend: str | None = None,
@@ -80,9 +85,9 @@ def graph_mode(
 
 def select_step(
     eager: EagerStep,
-    parts: Any,
-    cfg: Any,
-    family: Any,
+    parts: StepParts,
+    cfg: TrainConfig,
+    family: Family,
     device: torch.device,
     world_size: int,
     emit: Callable[[ev.Event], None],

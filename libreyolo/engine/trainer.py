@@ -16,31 +16,33 @@ from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
 from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far
-from libreyolo.engine.epochval import EpochValidations, val_prefetch_due
+from libreyolo.engine.epochval import EpochValidations, Landed, val_prefetch_due
 from libreyolo.engine.heap import frozen_heap, held_collections
+from libreyolo.engine.judge import BestEpoch
+from libreyolo.engine.loop import OnStart, RunLoop
 from libreyolo.engine.meters import HostRead, Throughput
-from libreyolo.engine.setup import TrainSetup, build_setup
+from libreyolo.engine.seams import TrainableModel
+from libreyolo.engine.setup import TrainSetup, build_run, resolve_resume
 from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
 from libreyolo.engine.state import model_record, restore_rng, restore_train_state, train_state
-from libreyolo.engine.step import NO_PHASES
+from libreyolo.engine.step import NO_PHASES, Phases
 from libreyolo.families.base import HookContext
+from libreyolo.plots import PlotWriter
 
 HEARTBEAT_S = 10.0
-OnStart = Callable[["Trainer"], None]
 
 
 class Trainer:
-    def __init__(self, model: Any, cfg: TrainConfig, user_keys: set[str], on_start: Sequence[OnStart] = ()):
+    def __init__(self, model: TrainableModel, cfg: TrainConfig, user_keys: set[str], on_start: Sequence[OnStart] = ()):
         """on_start: called with the trainer once the run is set up, before its first step (the profiler attaches its
         window so: the engine never imports the profiler, which sits above it)."""
         self.model, self.cfg, self.user_keys, self.on_start = model, cfg, user_keys, tuple(on_start)
-        self.phases = NO_PHASES  # the profiler swaps this for its window, then puts it back
-        self.best_fitness: float | None = None
-        self.best_metrics: dict[str, float] = {}
+        self.phases: Phases = NO_PHASES  # the profiler swaps this for its window, then puts it back
+        self.best = BestEpoch(cfg.patience)  # the run's best validation and early stopping: judged here only
         self.bad_files: set[str] = set()
         self.epoch, self.step_in_epoch, self.epochs_done = 0, 0, 0
         self._setup: TrainSetup | None = None
-        self.after_step: Any = None  # optional callable(trainer) after every step (the profiler's window)
+        self.after_step: Callable[[RunLoop], None] | None = None  # after every step (the profiler's window)
         self.stop_requested: str | None = None  # a run status: the loop ends after the current step
         self._held: list[ev.Event] | None = []
         self._probe_scale = False  # a fresh float16 run reads its start loss scale off the first batch
@@ -66,7 +68,7 @@ class Trainer:
 
     @property
     def s(self) -> TrainSetup:
-        """What build_setup made for this run; there is none before train() starts."""
+        """What build_run made for this run; there is none before train() starts."""
         if self._setup is None:
             raise RuntimeError("the trainer has no setup yet: train() builds it")
         return self._setup
@@ -84,14 +86,20 @@ class Trainer:
         t0 = time.time()
         undo: list[Callable[[], None]] = []
         try:
-            self.s = s = build_setup(self, undo)
+            self.cfg, ckpt = resolve_resume(self.model, self.cfg, self.user_keys)
+            self.s = s = build_run(self.model, self.cfg, self.user_keys, self.emit, ckpt, undo)
+            if ckpt is not None:  # the kernel warm-up's backward may still run: it touches nothing restored here
+                self.restore(ckpt)
+            s.dist.seed_rank(self.cfg.seed)
             if not s.resumed:  # pickled while the validation's copy waits for the warm-up, not beside the first steps
                 self.save("last")
         except BaseException:
             for fn in reversed(undo):  # the loader workers the setup had started
                 fn()
             raise
-        self.vals = EpochValidations(self)
+        self.vals = EpochValidations(s, self.cfg, self.emit, self._note_bad, self._judge)
+        self.plots = PlotWriter.for_run(s, self.cfg, lambda msg: self.emit(ev.WarningEvent(msg, code="plots")))
+        self.vals.on_result = self.plots.validation  # each validation's result, after its results.csv row
         status = "failed"
         try:
             self.emit(s.run_start_event())
@@ -121,20 +129,21 @@ class Trainer:
         finally:
             self.vals.wait_device()  # a validation thread must be off the device before the loaders close
             self.vals.close()
+            self.plots.close()  # the last pictures are written before run_end
             self._close_writer()
             self.emit(
                 ev.RunEnd(
                     status=status,
                     epochs_done=self.epochs_done,
-                    best_fitness=self.best_fitness,
+                    best_fitness=self.best.fitness,
                     best=str(s.best_path) if s.best_path.exists() else None,
                     last=str(s.last_path) if s.last_path.exists() else None,
                     time_s=time.time() - t0,
-                    metrics=self.best_metrics,
+                    metrics=self.best.metrics,
                 )
             )
             s.close()
-        return self.best_metrics
+        return self.best.metrics
 
     def _epochs(self) -> str:
         s, cfg = self.s, self.cfg
@@ -200,6 +209,7 @@ class Trainer:
                 img = batch["img"].to(s.device, non_blocking=True)
                 targets = batch["targets"].to(s.device, non_blocking=True)
                 mask = batch["mask"].to(s.device, non_blocking=True)
+            self.plots.train_batch(epoch, img, targets, mask)  # kept for train_batchN.jpg: the first epoch's first 3
             boundary = (i + 1) % s.accumulate == 0 or i == nb - 1
             if self._probe_scale:
                 self._start_loss_scale(img, targets, mask)
@@ -266,6 +276,16 @@ class Trainer:
                     )
                 )
 
+    def _judge(self, landed: Landed) -> None:
+        """Every rank, as each validation lands: best.pt from the weights validated, and early stopping."""
+        improved, out_of_patience = self.best.judge(landed.fitness, landed.metrics)
+        if improved:
+            self.save("best", weights=landed.weights, epoch=landed.epoch + 1)
+        if out_of_patience and not self.stop_requested:
+            p = self.cfg.patience
+            self.emit(ev.WarningEvent(f"early stop: no improvement in {p} epochs (patience={p})", code="patience"))
+            self.stop_requested = "early_stop"
+
     def _end_epoch(self, epoch: int) -> None:
         """Losses of the epoch, its validation started (its COCO evaluation lands later: EpochValidations), last.pt,
         and the epoch's amp, vram and epoch_end events. Nothing before last.pt's snapshot waits for the device: the
@@ -326,7 +346,7 @@ class Trainer:
                 time_s=time.time() - self._epoch_t0,
                 img_s=n_imgs / max(t_epoch - self._epoch_t0, 1e-9),
                 fitness=landed,
-                best_fitness=self.best_fitness,
+                best_fitness=self.best.fitness,
                 skipped_images=len(self.bad_files),
             )
         )
@@ -354,7 +374,7 @@ class Trainer:
         end = self._epoch_end_record
         if which == "best" and end is not None and end[0] == epoch:
             # the weights validated are the ones the epoch ended with, already snapshotted for its last.pt
-            self.writer.submit(Amended(end[1], best_fitness=self.best_fitness, metrics=self.best_metrics), path, done)
+            self.writer.submit(Amended(end[1], best_fitness=self.best.fitness, metrics=self.best.metrics), path, done)
             self.writer.drain(wait=wait)
             return path
         if which == "last":
@@ -363,7 +383,7 @@ class Trainer:
         if weights is None:
             weights = s.kept_net.state_dict()
         record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
-        record.update(epoch=epoch, step=step, best_fitness=self.best_fitness, metrics=self.best_metrics)
+        record.update(epoch=epoch, step=step, best_fitness=self.best.fitness, metrics=self.best.metrics)
         model = snapshot(record)
         if which == "last":
             # packed (engine/snapshot.py); the EMA weights are the record's model already, stored once
@@ -385,14 +405,13 @@ class Trainer:
             self.emit(ev.WarningEvent(f"writing a checkpoint failed: {type(e).__name__}: {e}", code="checkpoint"))
 
     def restore(self, ckpt: dict[str, Any]) -> None:
-        """Put a last.pt's train state back (called by setup once everything is built)."""
+        """Put a last.pt's train state back (once build_run has built everything)."""
         s = self.s
         restore_train_state(ckpt, s.train_net, s.optimizer, s.scaler, s.ema)
         s.step.reload()  # after everything it derives from is back
         restore_rng(ckpt["train"]["rng"])
-        self.best_fitness, self.best_metrics = best_so_far(
-            s.best_path, ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {})
-        )
+        fitness, metrics = best_so_far(s.best_path, ckpt.get("best_fitness"), dict(ckpt.get("metrics") or {}))
+        self.best = BestEpoch(self.cfg.patience, fitness, metrics)
         self.bad_files = set(ckpt["train"].get("bad_files", []))
         self.epoch, self.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step"])
         self.epochs_done = self.epoch

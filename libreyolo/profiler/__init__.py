@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import Any
 
 from libreyolo import events as ev
+from libreyolo.engine.loop import RunLoop
 from libreyolo.profiler.window import Plan, Window
 
 __all__ = ["attach"]
 
 
-def attach(trainer: Any) -> Window | None:
+def attach(trainer: RunLoop) -> Window | None:
     """Start the window on a set-up trainer; None (and one warning) where it cannot run."""
     s = trainer.s
     if s.world_size > 1:

@@ -32,6 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from libreyolo import events as ev
+from libreyolo.engine.loop import RunLoop
 from libreyolo.engine.step import PHASES
 from libreyolo.profiler.prefetch import loader_queue
 
@@ -124,7 +125,7 @@ class Recorder:
 class Window:
     """Attached by `libreyolo.profiler.attach`; drives itself from `trainer.after_step`."""
 
-    def __init__(self, trainer: Any, plan: Plan, on_done: Callable[[Window], None]):
+    def __init__(self, trainer: RunLoop, plan: Plan, on_done: Callable[[Window], None]):
         self.trainer, self.plan, self.on_done = trainer, plan, on_done
         s = trainer.s
         self.device: torch.device = s.device
@@ -216,7 +217,7 @@ class Window:
         self._read_peak()  # the trainer resets peak memory stats at every epoch end
 
     # --- the hook -----------------------------------------------------------------------------------
-    def __call__(self, trainer: Any) -> None:
+    def __call__(self, trainer: RunLoop) -> None:
         if self._prev_after is not None:
             self._prev_after(trainer)
         self.seen += 1
