@@ -101,6 +101,14 @@ class Foreign:
     imgsz: int | None = None
     partial: bool = False  # a part of the network only (a classifier's weights as a detector's backbone): pretrained=
 
+    @classmethod
+    def with_meta(cls, size: str, state: dict[str, torch.Tensor], nc: int, meta: dict[str, Any]) -> Foreign:
+        """A LibreYOLO 1.6 file's record: its class names ({index: name}, kept where there is one per class) and
+        image size, read off the metadata beside the weights."""
+        names, imgsz = meta.get("names"), meta.get("imgsz")
+        listed = [str(names[i]) for i in range(nc)] if isinstance(names, dict) and len(names) == nc else None
+        return cls(size, state, nc, listed, int(imgsz) if isinstance(imgsz, int) else None)
+
 
 @dataclass(frozen=True)
 class Converter:

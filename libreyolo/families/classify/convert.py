@@ -42,10 +42,7 @@ def read_libreyolo16(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> 
     got = read(tensors, meta)
     if got is None:
         return None
-    names = meta.get("names")
-    listed = [str(names[i]) for i in range(got.nc)] if isinstance(names, dict) and len(names) == got.nc else None
-    imgsz = meta.get("imgsz")
-    return Foreign(got.size, got.state, got.nc, listed, int(imgsz) if isinstance(imgsz, int) else None)
+    return Foreign.with_meta(got.size, got.state, got.nc, meta)
 
 
 def write(state: dict[str, torch.Tensor], size: str) -> dict[str, torch.Tensor]:

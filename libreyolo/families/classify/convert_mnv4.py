@@ -39,11 +39,8 @@ def read(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Foreign | No
         raise CheckpointError(
             f"a MobileNetV4 checkpoint whose layers are not LibreMNv4{size}'s ({len(theirs)} tensors)"
         )
-    names = meta.get("names")
-    listed = [str(names[i]) for i in range(nc)] if isinstance(names, dict) and len(names) == nc else None
-    imgsz = meta.get("imgsz")
     state = {k: v for k, (_, v) in zip(mine, theirs)}
-    return Foreign(size, state, nc, listed, int(imgsz) if isinstance(imgsz, int) else None)
+    return Foreign.with_meta(size, state, nc, meta)
 
 
 CONVERTERS = (Converter("LibreYOLO 1.6 MobileNetV4-Conv checkpoint (timm's layout; M and L)", read),)

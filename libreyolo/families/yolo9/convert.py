@@ -75,10 +75,7 @@ def read(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Foreign | No
             raise CheckpointError(f"LibreYOLO 1.6 YOLOv9 weight {key!r} has no place in LibreYOLO9{size}")
         state[ours] = value
     nc = int(tensors["head.cv3.0.2.weight"].shape[0])
-    names = meta.get("names")
-    listed = [str(names[i]) for i in range(nc)] if isinstance(names, dict) and len(names) == nc else None
-    imgsz = meta.get("imgsz")
-    return Foreign(size, state, nc, listed, int(imgsz) if isinstance(imgsz, int) else None)
+    return Foreign.with_meta(size, state, nc, meta)
 
 
 def write(state: dict[str, torch.Tensor], size: str) -> dict[str, torch.Tensor]:

@@ -72,10 +72,7 @@ def _libreyolo16(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Fore
     got = _convert(tensors)
     if got is None:
         return None
-    names = meta.get("names")
-    listed = [str(names[i]) for i in range(got.nc)] if isinstance(names, dict) and len(names) == got.nc else None
-    imgsz = meta.get("imgsz")
-    return Foreign(got.size, got.state, got.nc, listed, int(imgsz) if isinstance(imgsz, int) else None)
+    return Foreign.with_meta(got.size, got.state, got.nc, meta)
 
 
 def _official(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Foreign | None:
