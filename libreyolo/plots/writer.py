@@ -33,6 +33,9 @@ MISSING = (
 _STOP = object()
 
 
+CLOSE_S = 30.0
+
+
 class PlotWriter:
     def __init__(
         self,
@@ -131,8 +134,15 @@ class PlotWriter:
         if self._unplotted is not None:
             self._validation_plots(self._unplotted[1])
             self._unplotted = None
-        self._queue.put(_STOP)  # waits for room: the jobs ahead of it finish first
-        self._thread.join()
+        # the jobs ahead of the stop finish first, but a run's end never waits on its pictures for longer than
+        # CLOSE_S: a plot thread that is stuck leaves its pictures unwritten, with a warning, and the run ends
+        try:
+            self._queue.put(_STOP, timeout=CLOSE_S)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=CLOSE_S)
+        if self._thread.is_alive():
+            self.errors.append(f"the plot thread did not finish within {CLOSE_S:g} s; its pictures were left")
         self._thread = None
         if self.errors:
             more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
