@@ -188,31 +188,37 @@ def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], what: 
         raise CheckpointError(f"{what} do not fit the network: missing {missing[:3]}, unexpected {unexpected[:3]}")
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a libreyolo checkpoint with torch.load(weights_only=True): no pickled code ever runs."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+def load_torch_file(path: Path, not_torch: str, pickled: str) -> Any:
+    """torch.load(weights_only=True) of a file, every failure one CheckpointError starting with the path: not_torch
+    where the file is not one torch.save writes, pickled (followed by what torch's safe loader met) where it holds
+    Python objects, and a corrupt or truncated file said as such."""
     with open(path, "rb") as f:
         head = f.read(4)
     # torch.save writes a zip archive; a pickle starts with its protocol opcode. Anything else (a yaml, a text
     # file, an image) is not a checkpoint, and torch's own errors about unpickling it would only mislead.
     if not head.startswith((b"PK\x03\x04", b"\x80")):
-        yaml_hint = "; a dataset yaml goes to data=" if path.suffix in (".yaml", ".yml") else ""
-        raise CheckpointError(
-            f"{path} is not a libreyolo checkpoint: it is not a PyTorch file (pass the weights/last.pt or "
-            f"weights/best.pt of a libreyolo run{yaml_hint})"
-        )
+        raise CheckpointError(f"{path} {not_torch}")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"{path} is not a libreyolo checkpoint: loading it would execute code stored in the file (Python pickle), "
-            "which libreyolo refuses to do. Only checkpoints written by libreyolo (weights/last.pt, weights/best.pt) "
-            f"load. ({_unpickling_reason(e)})"
-        ) from None
+        raise CheckpointError(f"{path} {pickled} ({_unpickling_reason(e)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
         raise CheckpointError(f"{path} is corrupt or truncated and cannot be read ({type(e).__name__}: {e})") from None
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a libreyolo checkpoint with torch.load(weights_only=True): no pickled code ever runs."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    yaml_hint = "; a dataset yaml goes to data=" if path.suffix in (".yaml", ".yml") else ""
+    obj = load_torch_file(
+        path,
+        "is not a libreyolo checkpoint: it is not a PyTorch file (pass the weights/last.pt or weights/best.pt of a "
+        f"libreyolo run{yaml_hint})",
+        "is not a libreyolo checkpoint: loading it would execute code stored in the file (Python pickle), which "
+        "libreyolo refuses to do. Only checkpoints written by libreyolo (weights/last.pt, weights/best.pt) load.",
+    )
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a libreyolo checkpoint (expected format {FORMAT!r})")
     train = obj.get("train")

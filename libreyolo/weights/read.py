@@ -3,13 +3,12 @@ tensors (a flat name -> tensor dict, wherever in the file they are) and its othe
 
 from __future__ import annotations
 
-import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from libreyolo.engine.checkpoint import load_torch_file
 from libreyolo.errors import CheckpointError
 
 # where a checkpoint keeps its network's tensors, the preferred first: an EMA's (RT-DETR's releases keep both)
@@ -24,24 +23,13 @@ def read_file(path: Path, known: str) -> tuple[dict[str, torch.Tensor], dict[str
     """-> (tensors, the other top-level fields). known: the known formats, for the error naming them."""
     if path.suffix == ".safetensors":
         return _safetensors(path, known)
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive, or a bare pickle
-        yaml_hint = " (a dataset yaml goes to data=)" if path.suffix in (".yaml", ".yml") else ""
-        raise CheckpointError(
-            f"{path} is not a libreyolo checkpoint: it is not a PyTorch file, nor safetensors{yaml_hint}. Known "
-            f"formats: {known}"
-        )
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"{path} holds Python objects: loading it would execute code stored in the file (pickle), which libreyolo "
-            f"refuses to do; save its state_dict alone (torch.save(model.state_dict(), path)). Known formats: {known} "
-            f"({str(e).splitlines()[0]})"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
-        raise CheckpointError(f"{path} is corrupt or truncated and cannot be read ({type(e).__name__}: {e})") from None
+    yaml_hint = " (a dataset yaml goes to data=)" if path.suffix in (".yaml", ".yml") else ""
+    obj = load_torch_file(
+        path,
+        f"is not a libreyolo checkpoint: it is not a PyTorch file, nor safetensors{yaml_hint}. Known formats: {known}",
+        "holds Python objects: loading it would execute code stored in the file (pickle), which libreyolo refuses to "
+        f"do; save its state_dict alone (torch.save(model.state_dict(), path)). Known formats: {known}",
+    )
     if _flat(obj):
         return obj, {}
     if isinstance(obj, dict):
