@@ -173,6 +173,30 @@ class TrainSetup:
             enabled=a.enabled, dtype=a.dtype, scaler=a.scaler, scale=scale, skipped_steps=0, epoch=None, reason=a.reason
         )
 
+    def epoch_amp_event(self, epoch: int, got: dict[str, Any]) -> ev.Amp:
+        """float16: an epoch's skipped steps and loss scale (got: the host copies of the step's skipped count and the
+        scaler's scale, where the step keeps them on the device), the step's count started again."""
+        skipped = int(got["skipped"]) if "skipped" in got else 0
+        scale = float(got["scale"]) if "scale" in got else self.scale_value()
+        self.step.skipped = None
+        why = f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, loss scale {scale:g}"
+        return ev.Amp(
+            enabled=True, dtype=self.amp.dtype, scaler=True, scale=scale, skipped_steps=skipped, epoch=epoch, reason=why
+        )
+
+    def take_vram_peak(self, epoch: int) -> ev.Vram | None:
+        """An epoch's peak device memory as its vram event (None off CUDA); the peak counters start again."""
+        if self.device.type != "cuda":
+            return None
+        vram = ev.Vram(
+            epoch=epoch,
+            peak_allocated_mb=torch.cuda.max_memory_allocated(self.device) / 2**20,
+            peak_reserved_mb=torch.cuda.max_memory_reserved(self.device) / 2**20,
+            device=str(self.device),
+        )
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return vram
+
     def run_start_event(self) -> ev.RunStart:
         c = self.cfg
         return ev.RunStart(

@@ -310,32 +310,10 @@ class Trainer:
             self.save("period", path=s.run_dir / "weights" / f"epoch{epoch + 1}.pt")
         losses = train_losses()
         if s.amp.scaler:
-            got = read()
-            skipped = int(got["skipped"]) if "skipped" in got else 0
-            scale = float(got["scale"]) if "scale" in got else s.scale_value()
-            s.step.skipped = None
-            self.emit(
-                ev.Amp(
-                    enabled=True,
-                    dtype=s.amp.dtype,
-                    scaler=True,
-                    scale=scale,
-                    skipped_steps=skipped,
-                    epoch=epoch,
-                    reason=f"epoch {epoch + 1}: {skipped} optimizer step(s) skipped for inf/NaN gradients, "
-                    f"loss scale {scale:g}",
-                )
-            )
-        if s.device.type == "cuda":
-            self.emit(
-                ev.Vram(
-                    epoch=epoch,
-                    peak_allocated_mb=torch.cuda.max_memory_allocated(s.device) / 2**20,
-                    peak_reserved_mb=torch.cuda.max_memory_reserved(s.device) / 2**20,
-                    device=str(s.device),
-                )
-            )
-            torch.cuda.reset_peak_memory_stats(s.device)
+            self.emit(s.epoch_amp_event(epoch, read()))
+        vram = s.take_vram_peak(epoch)
+        if vram is not None:
+            self.emit(vram)
         n_imgs = s.sampler.sampler.num_samples * s.world_size
         landed = self.vals.fitness.get(epoch)
         self.emit(
