@@ -32,6 +32,10 @@ class EpochRow:
     img_s: float | None = None
     val_s: float | None = None  # val.time_s: how long validation held the training loop
     eval_s: float | None = None  # val.eval_s: the COCO evaluation, often in the background (None in v1 files)
+    images: int | None = None  # val.images: images validated
+    # val.per_class (v5, detection): a row per class (class, images, instances, precision, recall, map50, map);
+    # None where the trainer wrote none (not a best so far, not the final epoch) or an older file
+    per_class: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.metrics and self.map is not None:  # a row built with detection's four
@@ -138,6 +142,9 @@ class RunState:
         r.metrics = {str(k): float(v) for k, v in metrics.items() if v is not None}
         r.precision, r.recall, r.map50, r.map = (four[k] for k in DETECT.metric_names)
         r.val_s, r.eval_s = e["time_s"], e.get("eval_s")  # (no eval_s in version-1 files)
+        r.images = e.get("images")
+        rows = e.get("per_class")
+        r.per_class = [dict(x) for x in rows if isinstance(x, dict)] if isinstance(rows, list) else None
 
     def _on_epoch_end(self, e: dict[str, Any]) -> None:
         r = self._row(e["epoch"])

@@ -18,12 +18,12 @@ from typing import Any, ClassVar
 from libreyolo.errors import DiskFullError, disk_full_in
 from libreyolo.tasks import DETECT
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # what readers (the console) still accept: version 1 files lack run_start's loss_terms and cuda_graph_mode/
 # cuda_graph_reason and val's eval_s; versions 1 and 2 lack run_start's metrics and val's metrics (they are
 # detection runs: precision, recall, map50, map); versions 1-3 lack val's held_s (their time_s is the time
-# validation held the loop); a reader derives or omits them
-READABLE_VERSIONS = (1, 2, 3, 4)
+# validation held the loop); versions 1-4 lack val's per_class; a reader derives or omits them
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
 @dataclass
@@ -115,6 +115,9 @@ class Val(Event):
     eval_s: float  # the COCO evaluation (on a background thread while the next epoch trains)
     metrics: dict[str, float] = field(default_factory=dict)
     held_s: float | None = None  # how long starting the validation held the training loop (None before v4)
+    # detection: a row per class in the dataset's names order (eval/perclass.py: class, images, instances,
+    # precision, recall, map50, map); None for other tasks and before v5
+    per_class: list[dict[str, Any]] | None = None
     precision: float | None = None
     recall: float | None = None
     map50: float | None = None

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
@@ -25,6 +27,25 @@ def fmt_duration(s: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+def per_class_table(rows: list[dict[str, Any]], overall: dict[str, Any], title: str = "per class") -> Table:
+    """The per-class table (`libreyolo val`, and a run's end): the row of all classes (overall: images, precision,
+    recall, map50, map), then a row per class in the dataset's names order (a class without ground truth shows -)."""
+    t = Table(title=title)
+    for c in ("class", "images", "instances", "P", "R", "mAP50", "mAP50-95"):
+        t.add_column(c, justify="left" if c == "class" else "right")
+    instances = sum(r["instances"] for r in rows)
+    t.add_row(
+        "all",
+        str(overall["images"]),
+        str(instances),
+        *(f"{overall[k]:.4f}" for k in ("precision", "recall", "map50", "map")),
+    )
+    for r in rows:
+        vals = ("-" if r[k] is None else f"{r[k]:.4f}" for k in ("precision", "recall", "map50", "map"))
+        t.add_row(escape(str(r["class"])), str(r["images"]), str(r["instances"]), *vals)
+    return t
+
+
 class RichRenderer:
     """A callback: feed it events. `plain=None` picks live bars on a TTY and plain lines otherwise."""
 
@@ -40,6 +61,8 @@ class RichRenderer:
         self._terms: list[str] = []  # the family's loss terms, from run_start
         self._labels: dict[str, str] = dict(zip(DETECT.metric_names, DETECT.labels))  # metric -> column heading
         self._detect = True
+        self._task = DETECT
+        self._best: tuple[float, ev.Val] | None = None  # the best validation with per-class rows (fitness, event)
 
     def __call__(self, e: ev.Event) -> None:
         handler = getattr(self, "_on_" + e.type, None)
@@ -57,6 +80,7 @@ class RichRenderer:
         task = TASKS.get(e.task)
         self._detect = task.mosaic if task is not None else True  # a task with mosaic epochs tells them apart
         self._labels = {m: task.label(m) if task else m for m in e.metrics}
+        self._task, self._best = task or DETECT, None
         self._eta.reset()  # a resumed process warms up again
         c = self.console
         c.print(
@@ -108,6 +132,10 @@ class RichRenderer:
 
     def _on_val(self, e: ev.Val) -> None:
         self.close()
+        if e.per_class and self._task.fitness_weights.keys() <= e.metrics.keys():
+            fitness = self._task.fitness(e.metrics)
+            if self._best is None or fitness > self._best[0]:
+                self._best = (fitness, e)
         t = Table(box=None, padding=(0, 2), show_edge=False)
         terms = self._terms or list(e.losses)
         metrics = [m for m in self._labels if m in e.metrics] or list(e.metrics)
@@ -164,7 +192,18 @@ class RichRenderer:
         m = e.metrics
         summary = ", ".join(f"{k} {v:.3f}" for k, v in m.items()) if m else "no metrics"
         self.console.print(f"[bold]{e.status}[/] after {e.epochs_done} epoch(s) in {fmt_duration(e.time_s)}: {summary}")
+        if self._best is not None:
+            self._print_per_class(self._best[1], e)
         if e.best:
             self.console.print(f"  best {e.best}")
         if e.last:
             self.console.print(f"  last {e.last}")
+
+    def _print_per_class(self, v: ev.Val, end: ev.RunEnd) -> None:
+        """The per-class table of the best validation this process saw: best.pt's, unless a resumed run's best came
+        before it (then run_end's metrics differ and the title says only the epoch)."""
+        same = all(abs(end.metrics.get(k, -1.0) - x) < 1e-9 for k, x in v.metrics.items())
+        title = f"per class, epoch {v.epoch + 1}" + (" (best.pt)" if same else "")
+        overall = {**v.metrics, "images": v.images}
+        if {"precision", "recall", "map50", "map"} <= overall.keys() and v.per_class:
+            self.console.print(per_class_table(v.per_class, overall, title))

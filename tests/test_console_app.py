@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 
+import console_driver as driver
 import pytest
 
 from libreyolo import events as ev
@@ -28,7 +29,7 @@ from libreyolo_console.widgets.run_form import RunForm
 
 @pytest.fixture(autouse=True)
 def _own_settings(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
+    driver.own_settings(tmp_path, monkeypatch)
 
 
 @pytest.fixture
@@ -43,12 +44,8 @@ def runs_started():
 
 
 async def until(pilot, pred, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.2)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+    """console_driver.until with a real trainer's patience: it starts and steps on 2 busy cores."""
+    await driver.until(pilot, pred, what, timeout, every=0.2)
 
 
 async def fill(pilot, field: str, text: str) -> None:

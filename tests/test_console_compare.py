@@ -18,6 +18,7 @@ import psutil
 import pytest
 import yaml
 from conftest import run_start_event
+from console_driver import NoGpu, own_settings, until
 
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
@@ -31,7 +32,6 @@ from libreyolo_console.compare import (
     loss_choices,
     loss_note,
 )
-from libreyolo_console.gpu import GpuSnapshot, HostSample
 from libreyolo_console.screens.compare import CompareScreen
 from libreyolo_console.screens.runs import RunsScreen
 from libreyolo_console.supervisor import ProcessRecord, write_record
@@ -195,14 +195,6 @@ def three_runs(root: Path) -> dict[str, Path]:
     return dirs
 
 
-class NoGpu:
-    def sample(self) -> GpuSnapshot:
-        return GpuSnapshot([], HostSample(cpu_percent=10.0, cpus=2, ram_used_gb=1.0, ram_total_gb=8.0), "no driver")
-
-    def close(self) -> None:
-        pass
-
-
 def _model(run_dir: Path, name: str | None = None) -> CompareRun:
     run = CompareRun(run_dir, name or run_dir.name)
     tail = EventTail(run_dir / "events.jsonl")
@@ -298,31 +290,22 @@ def test_follow_all_reads_only_what_was_appended(tmp_path):
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
+    own_settings(tmp_path, monkeypatch)
     monkeypatch.delenv("NO_COLOR", raising=False)
     three_runs(tmp_path / "runs" / "train")
     return "runs/train"
 
 
-async def _until(pilot, pred, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 async def _list_ready(pilot) -> None:
-    await _until(pilot, lambda: getattr(pilot.app.screen, "loaded", False), "the run list")
+    await until(pilot, lambda: getattr(pilot.app.screen, "loaded", False), "the run list")
 
 
 async def _compare_ready(pilot) -> CompareScreen:
-    await _until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen), "the compare view")
+    await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen), "the compare view")
     screen = pilot.app.screen
-    await _until(pilot, lambda: all(r.status != "?" for r in screen.runs), "every run read")
+    await until(pilot, lambda: all(r.status != "?" for r in screen.runs), "every run read")
     # a DataTable sizes its columns to new rows when it is next idle: a busy machine can take the picture before
-    await _until(pilot, lambda: _columns_fit(screen.query_one(CompareTable)), "the table's columns sized to its rows")
+    await until(pilot, lambda: _columns_fit(screen.query_one(CompareTable)), "the table's columns sized to its rows")
     await pilot.pause(0.6)  # a redraw tick
     return screen
 
@@ -366,7 +349,7 @@ def test_compare_all_runs_when_none_is_marked(project):
             assert loss.drawn[0] == "training loss (cls)"
             assert "loss: cls (a term every run has)" in str(screen.query_one("#compare-note").render())
             await pilot.press("escape")
-            await _until(pilot, lambda: isinstance(app.screen, RunsScreen), "the run list again")
+            await until(pilot, lambda: isinstance(app.screen, RunsScreen), "the run list again")
 
     asyncio.run(go())
 
@@ -413,7 +396,7 @@ def test_a_live_run_grows_in_the_compare_view(project, tmp_path):
             for e in _epoch_events(1, 3, YOLO9, T0 + 9010, 1.0, 1700.0):
                 w.write(e)
             w.close()
-            await _until(pilot, lambda: _rows(screen)[0][2] == "2/3", "the appended epoch")
+            await until(pilot, lambda: _rows(screen)[0][2] == "2/3", "the appended epoch")
             assert _rows(screen)[0][3:5] == ("0.200", "1700")
             assert len(screen.runs[0].loss_curve()[0]) == points + 2
             assert loss.drawn is not None and len(loss.drawn[1][0][2][0]) == points + 2

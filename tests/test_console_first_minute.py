@@ -10,6 +10,7 @@ import time
 import pytest
 import torch  # noqa: F401  (imported here: the form's load in these tests is the fixture's sleep alone)
 from conftest import run_start_event
+from console_driver import own_settings, until
 
 import libreyolo.api
 from libreyolo_console import app as console_app
@@ -26,7 +27,7 @@ LOAD_S = 2.0  # the stand-in for a cold `import torch`
 
 @pytest.fixture(autouse=True)
 def _own_settings(tmp_path, monkeypatch):
-    monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
+    own_settings(tmp_path, monkeypatch)
 
 
 @pytest.fixture
@@ -39,15 +40,6 @@ def slow_import(monkeypatch):
         return real()
 
     monkeypatch.setattr(libreyolo.api, "model_names", slow)
-
-
-async def until(pilot, pred, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 async def timed_press(pilot, key: str) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import pytest
+from console_driver import NoGpu, open_run_view, own_settings, until, write_events
 from textual.app import App, ComposeResult
 from textual.widgets import OptionList, Static
 
@@ -34,15 +34,6 @@ class PanelApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield ImagePanel(self.run_dir)
-
-
-async def until(pilot, pred, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await pilot.pause(0.05)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def test_the_panel_lists_draws_and_refreshes(tmp_path: Path, monkeypatch) -> None:
@@ -94,27 +85,20 @@ async def _empty(tmp_path: Path) -> None:
 
 def test_the_run_view_shows_the_pictures_on_key_7(tmp_path: Path, monkeypatch) -> None:
     from conftest import run_start_event
-    from test_console_snapshots import FixedSampler
 
     from libreyolo import events as ev
     from libreyolo_console.app import ConsoleApp
-    from libreyolo_console.screens.run import RunScreen
 
-    monkeypatch.setenv("LIBREYOLO_CONSOLE_CONFIG", str(tmp_path / "console.yaml"))
+    own_settings(tmp_path, monkeypatch)
     run = tmp_path / "runs" / "exp"
-    run.mkdir(parents=True)
-    w = ev.EventWriter(run / "events.jsonl")
-    w.write(run_start_event(run_dir=str(run), epochs=1))
-    w.write(
-        ev.RunEnd(status="finished", epochs_done=1, best_fitness=None, best=None, last=None, time_s=1.0, metrics={})
-    )
-    w.close()
+    end = ev.RunEnd(status="finished", epochs_done=1, best_fitness=None, best=None, last=None, time_s=1.0, metrics={})
+    write_events(run, [run_start_event(run_dir=str(run), epochs=1), end])
     write_picture(run / "results.png", 0)
 
     async def go() -> None:
-        app = ConsoleApp(project=tmp_path / "runs", attach=run, gpu_sampler=FixedSampler(devices=False))
+        app = ConsoleApp(project=tmp_path / "runs", attach=run, gpu_sampler=NoGpu())
         async with app.run_test(size=(100, 30)) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, RunScreen), "the run view")
+            await open_run_view(pilot)
             await pilot.press("7")
             await until(pilot, lambda: app.screen.query_one(ImagePanel).shown == "results.png", "the picture")
             assert app.screen.query_one("TabbedContent").active == "images"

@@ -140,6 +140,7 @@ def _finished_run(run_dir) -> None:
                 images=640,
                 time_s=3.0,
                 eval_s=1.2,
+                per_class=_per_class(m),  # every epoch is a best so far: the trainer writes the rows each time
                 t=t,
             )
         )
@@ -339,6 +340,18 @@ def project(tmp_path, monkeypatch):
     yield "runs/train"
     monkeypatch.undo()
     time.tzset()
+
+
+def _per_class(m: float) -> list[dict]:
+    """The shapes classes' rows of a validation whose mAP50-95 is 0.8 m: the classes spread around it."""
+    rows = []
+    for k, name in enumerate(("circle", "square", "triangle")):
+        x = 0.8 * m * (0.9 + 0.1 * k)
+        rows.append(
+            {"class": name, "images": 300 + 10 * k, "instances": 500 + 20 * k}
+            | {"precision": min(x + 0.1, 1), "recall": x, "map50": min(x + 0.05, 1), "map": x}
+        )
+    return rows
 
 
 def _run_view(tab: str = "overview"):

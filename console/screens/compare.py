@@ -1,6 +1,7 @@
 """The compare view: several runs in one table and two overlaid plots (training loss, mAP50-95), finished,
-crashed and live alike. One worker thread follows every run's events.jsonl from where it last read, so a
-live run's row and curves grow as its file does."""
+crashed and live alike; `p` puts the per-class difference of two runs in the plots' place (A the first run, B the
+one under the table's cursor, or the second). One worker thread follows every run's events.jsonl from where it last
+read, so a live run's row and curves grow as its file does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import DataTable, Footer, Header, Static
 from textual.worker import get_current_worker
 
 from libreyolo_console.compare import (
@@ -26,6 +27,7 @@ from libreyolo_console.runs import EVENTS
 from libreyolo_console.tail import EventBatch, EventTail
 from libreyolo_console.widgets.compare_plots import ComparePlot
 from libreyolo_console.widgets.compare_table import CompareTable
+from libreyolo_console.widgets.perclass import PerClassDiff
 
 
 class CompareEventsRead(Message):
@@ -38,12 +40,14 @@ class CompareScreen(Screen[None]):
     BINDINGS = [
         Binding("escape", "back", "Runs"),
         Binding("l", "next_loss", "Loss term"),
+        Binding("p", "per_class", "Per class"),
     ]
     DEFAULT_CSS = """
     #compare-note { height: auto; max-height: 3; padding: 0 1; background: $panel; }
     CompareTable { height: auto; max-height: 12; }
     #compare-plots { height: 1fr; min-height: 8; }
     ComparePlot { width: 1fr; }
+    #compare-per-class { display: none; min-height: 8; }
     """
 
     def __init__(self, runs: list[tuple[Path, str]]) -> None:
@@ -60,6 +64,7 @@ class CompareScreen(Screen[None]):
         with Horizontal(id="compare-plots"):
             yield ComparePlot(id="compare-loss")
             yield ComparePlot(id="compare-map")
+        yield PerClassDiff(id="compare-per-class")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -101,6 +106,31 @@ class CompareScreen(Screen[None]):
         self.query_one("#compare-map", ComparePlot).show_series(
             "mAP50-95", [(i, r.name, r.map_curve()) for i, r in enumerate(runs)], n
         )
+        pair = self.per_class_pair()
+        if pair is not None:
+            self.query_one(PerClassDiff).show_runs(*pair)
+
+    def per_class_pair(self) -> tuple[CompareRun, CompareRun] | None:
+        """(A, B) of the per-class difference: the first run, and the one under the table's cursor (the second
+        while the cursor is on the first); None with fewer than two runs."""
+        if len(self.runs) < 2:
+            return None
+        row = self.query_one(CompareTable).cursor_row
+        return self.runs[0], self.runs[row if 0 < row < len(self.runs) else 1]
+
+    def on_data_table_row_highlighted(self, _: DataTable.RowHighlighted) -> None:
+        self._dirty = True  # B follows the cursor
+
+    def action_per_class(self) -> None:
+        """Toggle the plots and the per-class difference."""
+        if len(self.runs) < 2:
+            self.notify("the per-class difference needs two runs", severity="warning")
+            return
+        diff = self.query_one(PerClassDiff)
+        diff.display = not diff.display
+        self.query_one("#compare-plots").display = not diff.display
+        self._dirty = True
+        self.redraw()
 
     def on_screen_resume(self) -> None:
         self._dirty = True

@@ -28,6 +28,7 @@ from libreyolo_console.widgets.gpu_panel import GpuPanel
 from libreyolo_console.widgets.graph_log import GraphLog, mode_short
 from libreyolo_console.widgets.images import ImagePanel
 from libreyolo_console.widgets.log_tail import START_BYTES, LogTail, last_lines
+from libreyolo_console.widgets.perclass import PerClassPanel
 from libreyolo_console.widgets.plots import LossPlot, MetricsPlot
 from libreyolo_console.widgets.processes import ProcessPanel
 from libreyolo_console.widgets.progress import ProgressPanel
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 TABS = ("overview", "metrics", "gpu", "profiler", "graphs", "log", "images")
 STALL_S = 30.0  # heartbeats come every 10 s: this long without any event means the trainer is stuck
 # the panels redrawn from the RunState on every redraw (besides the progress panel, of which there is one)
-STATE_PANELS = (LossPlot, MetricsPlot, EpochTable, VerdictPanel, GraphLog, VramPanel)
+STATE_PANELS = (LossPlot, MetricsPlot, EpochTable, PerClassPanel, VerdictPanel, GraphLog, VramPanel)
 _STATE_PANELS_SELECTOR = ", ".join(panel.__name__ for panel in STATE_PANELS)
 
 
@@ -104,7 +105,9 @@ class RunScreen(Screen[None]):
                 yield GpuPanel(compact=True, id="overview-gpu")
             with TabPane("2 Metrics", id="metrics"):
                 yield MetricsPlot(id="metrics-plot")
-                yield EpochTable(id="epoch-table")
+                with Horizontal(id="metrics-tables"):
+                    yield EpochTable(id="epoch-table")
+                    yield PerClassPanel(id="per-class")
             with TabPane("3 GPU", id="gpu"):
                 yield GpuPanel(id="gpu-panel")
                 yield ProcessPanel()

@@ -4,35 +4,17 @@ metrics (detection: P, R, mAP50, mAP50-95; classification: top1, top5)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from libreyolo.cli.args import flag, parse_kv
 from libreyolo.cli.help import show_help
+from libreyolo.render import per_class_table
 from libreyolo.tasks import get_task
 from libreyolo.val import VAL_KEYS
 
 KEYS = VAL_KEYS | {"model", "data"}
-
-
-def per_class_table(rows: list[dict[str, Any]], overall: dict[str, Any]) -> Table:
-    """The per-class table, in the dataset's names order after the row of all classes (a class without ground truth
-    shows - for its metrics)."""
-    t = Table(title="per class")
-    for c in ("class", "images", "instances", "P", "R", "mAP50", "mAP50-95"):
-        t.add_column(c, justify="left" if c == "class" else "right")
-    images = overall["images"]
-    instances = sum(r["instances"] for r in rows)
-    t.add_row(
-        "all", str(images), str(instances), *(f"{overall[k]:.4f}" for k in ("precision", "recall", "map50", "map"))
-    )
-    for r in rows:
-        vals = ("-" if r[k] is None else f"{r[k]:.4f}" for k in ("precision", "recall", "map50", "map"))
-        t.add_row(escape(str(r["class"])), str(r["images"]), str(r["instances"]), *vals)
-    return t
 
 
 def run(argv: list[str]) -> int:

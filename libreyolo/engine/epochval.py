@@ -271,6 +271,9 @@ class EpochValidations:
             self.emit(ev.WarningEvent(why, code="val_graph"))
         task = get_task(s.family.task)
         metrics = {k: float(v[k]) for k in task.metric_names}
+        fitness = task.fitness(metrics)
+        # the per-class rows where a reader looks for them: a best so far of this process, and the final epoch
+        rows = fitness > max(self.fitness.values(), default=-1.0) or p.epoch + 1 == self.cfg.epochs
         self.emit(
             ev.Val(
                 epoch=p.epoch,
@@ -280,9 +283,9 @@ class EpochValidations:
                 time_s=v["time_s"],
                 eval_s=v["eval_s"],
                 held_s=p.held_s,
+                per_class=v.get("per_class") if rows else None,
             )
         )
-        fitness = task.fitness(metrics)
         metrics = {**metrics, "fitness": fitness}
         row = results_row(
             p.epoch + 1, time.time() - s.t_start, p.train_losses(), v, v["losses"], list(p.lrs.values()), task
