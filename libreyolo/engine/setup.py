@@ -41,8 +41,9 @@ from libreyolo.families import Family, get_family
 from libreyolo.families.base import LossFn, ScheduleFn
 from libreyolo.tasks import get_task
 
-# settings a resumed run may change; everything else comes from the checkpoint so the run continues as it was
-RESUME_OVERRIDABLE = {"device", "workers", "log_interval", "tensorboard"}
+# settings a resumed run may change; everything else comes from the checkpoint so the run continues as it was. The
+# loggers and experiment trackers only watch the run: a resume may drop one whose package or server is gone, or add one
+RESUME_OVERRIDABLE = {"device", "workers", "log_interval", "tensorboard", "mlflow", "wandb"}
 
 
 @dataclass
