@@ -12,13 +12,23 @@ from torch import nn
 
 
 class MSDeformableAttention(nn.Module):
-    def __init__(self, d: int = 256, heads: int = 8, levels: int = 3, points: int = 4):
+    """points: per query, head and level (one count for every level, or one per level: D-FINE's 3, 6, 3);
+    project: value and output projections (D-FINE's attention samples the encoder memory as it is)."""
+
+    def __init__(
+        self, d: int = 256, heads: int = 8, levels: int = 3, points: int | tuple[int, ...] = 4, project: bool = True
+    ):
         super().__init__()
-        self.d, self.heads, self.levels, self.points = d, heads, levels, points
-        self.sampling_offsets = nn.Linear(d, heads * levels * points * 2)
-        self.attention_weights = nn.Linear(d, heads * levels * points)
-        self.value_proj = nn.Linear(d, d)
-        self.output_proj = nn.Linear(d, d)
+        self.points = tuple(points) if isinstance(points, tuple) else (points,) * levels
+        self.d, self.heads, self.levels = d, heads, levels
+        total = sum(self.points)
+        self.sampling_offsets = nn.Linear(d, heads * total * 2)
+        self.attention_weights = nn.Linear(d, heads * total)
+        self.value_proj: nn.Module = nn.Linear(d, d) if project else nn.Identity()
+        self.output_proj: nn.Module = nn.Linear(d, d) if project else nn.Identity()
+        # a level's offsets are divided by its point count
+        scale = torch.cat([torch.full((p,), 1.0 / p) for p in self.points])
+        self.register_buffer("point_scale", scale[:, None], persistent=False)
         self._reset()
 
     def _reset(self) -> None:
@@ -28,15 +38,16 @@ class MSDeformableAttention(nn.Module):
         theta = torch.arange(self.heads, dtype=torch.float32) * (2.0 * math.pi / self.heads)
         grid = torch.stack((theta.cos(), theta.sin()), -1)
         grid = grid / grid.abs().max(-1, keepdim=True).values
-        grid = grid.view(self.heads, 1, 1, 2).repeat(1, self.levels, self.points, 1)
-        grid *= torch.arange(1, self.points + 1, dtype=torch.float32).view(1, 1, -1, 1)
+        steps = torch.cat([torch.arange(1, p + 1, dtype=torch.float32) for p in self.points])
+        grid = grid.view(self.heads, 1, 2) * steps.view(1, -1, 1)
         with torch.no_grad():
             self.sampling_offsets.bias.copy_(grid.flatten())
         nn.init.zeros_(self.attention_weights.weight)
         nn.init.zeros_(self.attention_weights.bias)
         for lin in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
+            if isinstance(lin, nn.Linear):
+                nn.init.xavier_uniform_(lin.weight)
+                nn.init.zeros_(lin.bias)
 
     def forward(
         self, query: torch.Tensor, ref: torch.Tensor, value: torch.Tensor, shapes: list[tuple[int, int]]
@@ -44,22 +55,23 @@ class MSDeformableAttention(nn.Module):
         """query (B, Q, d); ref (B, Q, 4) normalised cx, cy, w, h; value (B, S, d), the levels' maps flattened
         one after another with (h, w) in `shapes`. -> (B, Q, d)."""
         B, Q, _ = query.shape
-        H, L, P, hd = self.heads, self.levels, self.points, self.d // self.heads
+        H, P, hd = self.heads, sum(self.points), self.d // self.heads
         v = self.value_proj(value).view(B, -1, H, hd)
-        off = self.sampling_offsets(query).view(B, Q, H, L, P, 2)
-        w = self.attention_weights(query).view(B, Q, H, L * P).softmax(-1)
-        r = ref[:, :, None, None, None, :]
-        # offsets are in units of half the reference box, spread over the points
-        loc = r[..., :2] + off / P * r[..., 2:] * 0.5  # (B, Q, H, L, P, 2) in [0, 1] inside the image
-        grid = (2.0 * loc - 1.0).permute(0, 2, 1, 3, 4, 5).flatten(0, 1)  # (B * H, Q, L, P, 2)
+        off = self.sampling_offsets(query).view(B, Q, H, P, 2)
+        w = self.attention_weights(query).view(B, Q, H, P).softmax(-1)
+        r = ref[:, :, None, None, :]
+        # offsets are in units of half the reference box, spread over the level's points
+        loc = r[..., :2] + off * self.point_scale.to(off.dtype) * r[..., 2:] * 0.5  # (B, Q, H, P, 2)
+        grid = (2.0 * loc - 1.0).permute(0, 2, 1, 3, 4).flatten(0, 1)  # (B * H, Q, P, 2)
         sampled = []
         start = 0
-        for lvl, (h, wd) in enumerate(shapes):
+        for g, (h, wd) in zip(grid.split(self.points, dim=2), shapes):
             vl = v[:, start : start + h * wd].permute(0, 2, 3, 1).reshape(B * H, hd, h, wd)
             start += h * wd
-            g = grid[:, :, lvl].to(vl.dtype)
-            sampled.append(F.grid_sample(vl, g, mode="bilinear", padding_mode="zeros", align_corners=False))
-        s = torch.stack(sampled, -2).flatten(-2)  # (B * H, hd, Q, L * P)
-        w = w.permute(0, 2, 1, 3).reshape(B * H, 1, Q, L * P).to(s.dtype)
+            sampled.append(
+                F.grid_sample(vl, g.to(vl.dtype), mode="bilinear", padding_mode="zeros", align_corners=False)
+            )
+        s = torch.cat(sampled, -1)  # (B * H, hd, Q, P)
+        w = w.permute(0, 2, 1, 3).reshape(B * H, 1, Q, P).to(s.dtype)
         out = (s * w).sum(-1).view(B, H * hd, Q).transpose(1, 2)
         return self.output_proj(out)

@@ -28,13 +28,38 @@ class MLP(nn.Module):
         return x
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, d: int, heads: int, ffn: int, levels: int, points: int):
+class Gate(nn.Module):
+    """D-FINE's gated fusion: sigmoid gates (starting at one half each) weigh the queries and the
+    cross-attention's output per channel before the norm, where RT-DETR adds them."""
+
+    def __init__(self, d: int):
         super().__init__()
+        self.gate = nn.Linear(2 * d, 2 * d)
+        nn.init.zeros_(self.gate.weight)
+        nn.init.zeros_(self.gate.bias)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        g1, g2 = self.gate(torch.cat((x, y), -1)).sigmoid().chunk(2, -1)
+        return self.norm(g1 * x + g2 * y)
+
+
+class DecoderLayer(nn.Module):
+    """gated: D-FINE's layer: a Gate instead of the residual sum and norm after the cross-attention (which then
+    samples the memory without value and output projections), and the FFN's sum clamped to float16's largest
+    finite value before the last norm."""
+
+    def __init__(self, d: int, heads: int, ffn: int, levels: int, points: int | tuple[int, ...], gated: bool = False):
+        super().__init__()
+        self.gated = gated
         self.self_attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.cross_attn = MSDeformableAttention(d, heads, levels, points)
+        self.cross_attn = MSDeformableAttention(d, heads, levels, points, project=not gated)
         self.linear1, self.linear2 = nn.Linear(d, ffn), nn.Linear(ffn, d)
-        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.norm1, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.norm2: nn.Module = Gate(d) if gated else nn.LayerNorm(d)
+        if gated:
+            nn.init.xavier_uniform_(self.linear1.weight)
+            nn.init.xavier_uniform_(self.linear2.weight)
 
     def forward(
         self,
@@ -47,8 +72,10 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         q = tgt + pos
         tgt = self.norm1(tgt + self.self_attn(q, q, tgt, attn_mask=attn_mask, need_weights=False)[0])
-        tgt = self.norm2(tgt + self.cross_attn(tgt + pos, ref, memory, shapes))
-        return self.norm3(tgt + self.linear2(F.relu(self.linear1(tgt))))
+        cross = self.cross_attn(tgt + pos, ref, memory, shapes)
+        tgt = self.norm2(tgt, cross) if self.gated else self.norm2(tgt + cross)
+        tgt = tgt + self.linear2(F.relu(self.linear1(tgt)))
+        return self.norm3(tgt.clamp(-65504.0, 65504.0) if self.gated else tgt)
 
 
 def make_anchors(
@@ -69,6 +96,27 @@ def make_anchors(
     valid = ((a > eps) & (a < 1 - eps)).all(-1, keepdim=True)
     anchors = torch.log(a / (1 - a))
     return torch.where(valid, anchors, torch.full_like(anchors, float("inf"))), valid
+
+
+def select_queries(
+    memory: torch.Tensor,
+    shapes: list[tuple[int, int]],
+    num_queries: int,
+    enc_output: nn.Module,
+    score_head: nn.Module,
+    bbox_head: nn.Module,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query selection: the encoder tokens (memory (B, S, d)) with the best class score become the queries. ->
+    (their content (B, k, d), detached; their boxes (B, k, 4) as inverse-sigmoid cx, cy, w, h: the box head's
+    refinement of each token's anchor; their class logits (B, k, nc)). k = min(num_queries, S): a small input
+    has fewer tokens than queries, and then all of them are queries."""
+    anchors, valid = make_anchors(shapes, memory.device)
+    out_mem = enc_output(memory * valid.to(memory.dtype))
+    logits = score_head(out_mem)
+    idx = logits.detach().max(-1).values.topk(min(num_queries, memory.shape[1]), dim=1).indices
+    top = out_mem.gather(1, idx[..., None].expand(-1, -1, out_mem.shape[-1]))
+    ref_unact = bbox_head(top) + anchors[idx]
+    return top.detach(), ref_unact, logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
 
 
 class Decoder(nn.Module):
@@ -122,15 +170,10 @@ class Decoder(nn.Module):
         normalised cx, cy, w, h) of the last layer."""
         shapes = [(f.shape[2], f.shape[3]) for f in feats]
         memory = torch.cat([p(f).flatten(2).transpose(1, 2) for p, f in zip(self.input_proj, feats)], 1)
-        anchors, valid = make_anchors(shapes, memory.device)
-        out_mem = self.enc_output(memory * valid.to(memory.dtype))
-        enc_logits = self.enc_score_head(out_mem)
-        enc_unact = self.enc_bbox_head(out_mem) + anchors
-        # (B, Q); a small input has fewer encoder tokens than queries: all of them then
-        k = min(self.num_queries, memory.shape[1])
-        idx = enc_logits.detach().max(-1).values.topk(k, dim=1).indices
-        ref_unact = enc_unact.gather(1, idx[..., None].expand(-1, -1, 4))
-        target = out_mem.gather(1, idx[..., None].expand(-1, -1, out_mem.shape[-1])).detach()
+        target, ref_unact, enc_logits = select_queries(
+            memory, shapes, self.num_queries, self.enc_output, self.enc_score_head, self.enc_bbox_head
+        )
+        k = target.shape[1]
         attn_mask = None
         if dn is not None:
             target = torch.cat((self.denoising_embed(dn.labels).to(target.dtype), target), 1)
@@ -158,7 +201,7 @@ class Decoder(nn.Module):
         out = {
             "logits": L[:, :, n_dn:],
             "boxes": B[:, :, n_dn:],
-            "enc_logits": enc_logits.gather(1, idx[..., None].expand(-1, -1, self.nc)),
+            "enc_logits": enc_logits,
             "enc_boxes": ref_unact[:, n_dn:].sigmoid(),
         }
         if dn is not None:

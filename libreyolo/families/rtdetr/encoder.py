@@ -5,17 +5,19 @@ synchronisation: the whole backbone + encoder is what `cuda_graph=true` captures
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
 class ConvNorm(nn.Sequential):
-    """Conv2d (no bias) + BatchNorm (+ SiLU)."""
+    """Conv2d (no bias) + BatchNorm (+ SiLU); g: groups."""
 
-    def __init__(self, c1: int, c2: int, k: int, s: int = 1, act: bool = True):
+    def __init__(self, c1: int, c2: int, k: int, s: int = 1, act: bool = True, g: int = 1):
         super().__init__(
-            nn.Conv2d(c1, c2, k, s, (k - 1) // 2, bias=False),
+            nn.Conv2d(c1, c2, k, s, (k - 1) // 2, groups=g, bias=False),
             nn.BatchNorm2d(c2),
             nn.SiLU() if act else nn.Identity(),
         )
@@ -46,15 +48,21 @@ class CSPRep(nn.Module):
         return self.conv3(self.blocks(self.conv1(x)) + self.conv2(x))
 
 
-def sincos_2d(h: int, w: int, dim: int, device: torch.device, temperature: float = 10000.0) -> torch.Tensor:
-    """(h * w, dim) fixed 2-D sine-cosine position embedding (a quarter of the channels per sin/cos x/y)."""
+def sincos_2d(
+    h: int, w: int, dim: int, device: torch.device, temperature: float = 10000.0, column_major: bool = False
+) -> torch.Tensor:
+    """(h * w, dim) fixed 2-D sine-cosine position embedding (a quarter of the channels per sin/cos x/y).
+    column_major: the positions enumerated column by column while the tokens are row by row, as the official
+    RT-DETR / D-FINE code builds it (on a square map a token's first half then encodes its row, not its column);
+    weights trained with that embedding need it."""
     q = dim // 4
     omega = 1.0 / temperature ** (torch.arange(q, device=device, dtype=torch.float32) / q)
-    gy, gx = torch.meshgrid(
-        torch.arange(h, device=device, dtype=torch.float32),
-        torch.arange(w, device=device, dtype=torch.float32),
-        indexing="ij",
-    )
+    ys = torch.arange(h, device=device, dtype=torch.float32)
+    xs = torch.arange(w, device=device, dtype=torch.float32)
+    if column_major:
+        gx, gy = torch.meshgrid(xs, ys, indexing="ij")
+    else:
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
     ox, oy = gx.reshape(-1, 1) * omega, gy.reshape(-1, 1) * omega
     return torch.cat((ox.sin(), ox.cos(), oy.sin(), oy.cos()), 1)
 
@@ -75,6 +83,10 @@ class EncoderLayer(nn.Module):
 
 
 class HybridEncoder(nn.Module):
+    """fuse(hidden) and down(hidden): the fusion block (2 x hidden channels in, hidden out) and the stride-2
+    downsampler of CCFM where a family's differ from RT-DETR's (CSP of RepVGG convs; a 3x3 conv); lateral_act: a
+    SiLU after the lateral 1x1 convs; column_major: sincos_2d's position layout."""
+
     def __init__(
         self,
         in_channels: tuple[int, ...],
@@ -83,25 +95,31 @@ class HybridEncoder(nn.Module):
         ffn: int = 1024,
         expansion: float = 0.5,
         depth: int = 3,
+        fuse: Callable[[int], nn.Module] | None = None,
+        down: Callable[[int], nn.Module] | None = None,
+        lateral_act: bool = True,
+        column_major: bool = False,
     ):
         super().__init__()
-        self.hidden = hidden
+        self.hidden, self.column_major = hidden, column_major
         self.input_proj = nn.ModuleList(
             nn.Sequential(nn.Conv2d(c, hidden, 1, bias=False), nn.BatchNorm2d(hidden)) for c in in_channels
         )
         self.aifi = EncoderLayer(hidden, heads, ffn)
         n = len(in_channels)
-        self.lateral = nn.ModuleList(ConvNorm(hidden, hidden, 1) for _ in range(n - 1))
-        self.fpn = nn.ModuleList(CSPRep(2 * hidden, hidden, depth, expansion) for _ in range(n - 1))
-        self.down = nn.ModuleList(ConvNorm(hidden, hidden, 3, 2) for _ in range(n - 1))
-        self.pan = nn.ModuleList(CSPRep(2 * hidden, hidden, depth, expansion) for _ in range(n - 1))
+        fuse = fuse or (lambda c: CSPRep(2 * c, c, depth, expansion))
+        down = down or (lambda c: ConvNorm(c, c, 3, 2))
+        self.lateral = nn.ModuleList(ConvNorm(hidden, hidden, 1, act=lateral_act) for _ in range(n - 1))
+        self.fpn = nn.ModuleList(fuse(hidden) for _ in range(n - 1))
+        self.down = nn.ModuleList(down(hidden) for _ in range(n - 1))
+        self.pan = nn.ModuleList(fuse(hidden) for _ in range(n - 1))
 
     def forward(self, feats: list[torch.Tensor]) -> list[torch.Tensor]:
         proj = [p(f) for p, f in zip(self.input_proj, feats)]
         top = proj[-1]
         b, c, h, w = top.shape
         tokens = top.flatten(2).transpose(1, 2)
-        tokens = self.aifi(tokens, sincos_2d(h, w, c, top.device).to(tokens.dtype))
+        tokens = self.aifi(tokens, sincos_2d(h, w, c, top.device, column_major=self.column_major).to(tokens.dtype))
         proj[-1] = tokens.transpose(1, 2).reshape(b, c, h, w).contiguous()
         # top-down: each coarser map, laterally convolved, is upsampled into the next finer one
         inner = [proj[-1]]

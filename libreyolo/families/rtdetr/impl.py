@@ -11,7 +11,7 @@ from torch import nn
 from libreyolo.families.base import FamilyImpl, Reduce, own, random_output
 from libreyolo.families.rtdetr import FAMILY
 from libreyolo.families.rtdetr.loss import RTDETRLoss
-from libreyolo.families.rtdetr.network import RTDETR
+from libreyolo.families.rtdetr.network import RTDETR, QueryDetector
 from libreyolo.families.rtdetr.postprocess import postprocess
 
 
@@ -22,8 +22,13 @@ def build(size: str, nc: int) -> RTDETR:
 def train_net(net: nn.Module, cfg: Any) -> nn.Module:
     """The detector itself; the run's query and denoising settings are set on it (its EMA copy, made after this,
     and its validations follow)."""
-    net, k = own(net, RTDETR), FAMILY.options_of(cfg)
-    net.decoder.num_queries = int(k.num_queries)
+    return configure(own(net, RTDETR), FAMILY.options_of(cfg))
+
+
+def configure(net: QueryDetector, k: Any) -> QueryDetector:
+    """Set a run's query, denoising and backbone-LR keys (a family's typed keys, k) on a DETR-style detector."""
+    decoder: Any = net.decoder  # RT-DETR's or D-FINE's
+    decoder.num_queries = int(k.num_queries)
     net.num_denoising = int(k.num_denoising)
     net.label_noise = float(k.label_noise)
     net.box_noise = float(k.box_noise)
@@ -57,18 +62,22 @@ def example_outputs(
 
 def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> RTDETRLoss:
     net, k = own(net, RTDETR), FAMILY.options_of(cfg)
-    # gradients of accumulated micro-batches add up: scale each by 1 / accumulation so that the clip norm (0.1)
-    # applies to a mean gradient, as in RT-DETR's single-step batches
+    return RTDETRLoss(net.nc, k.vfl, k.bbox, k.giou, scale=accumulation_scale(cfg), reduce_normalizer=reduce_normalizer)
+
+
+def accumulation_scale(cfg: Any) -> float:
+    """Gradients of accumulated micro-batches add up: each is scaled by 1 / accumulation so that the clip norm
+    applies to a mean gradient, as in the DETRs' single-step batches."""
     nbs, batch = getattr(cfg, "nbs", 16), getattr(cfg, "batch", 16)
     acc = max(round(nbs / batch), 1) if isinstance(nbs, int) and isinstance(batch, int) and batch > 0 else 1
-    return RTDETRLoss(net.nc, k.vfl, k.bbox, k.giou, scale=1.0 / acc, reduce_normalizer=reduce_normalizer)
+    return 1.0 / acc
 
 
 def param_groups(model: nn.Module) -> list[dict[str, Any]]:
     """Biases and norm weights without decay, other weights with it (the engine's default split), each split once
     more into backbone (at backbone_lr x lr0: `lr_scale`) and the rest."""
-    net = own(model, RTDETR)
-    backbone = {id(p) for p in net.features.backbone.parameters()}
+    net = own(model, QueryDetector)
+    backbone = {id(p) for p in net.features.get_submodule("backbone").parameters()}
     groups: dict[tuple[str, bool], list[nn.Parameter]] = {}
     for module in net.modules():
         for name, p in module.named_parameters(recurse=False):

@@ -94,25 +94,43 @@ class RTDETRLoss:
         pair's class and box; w: a 0/1 weight per pair) -> [vfl, l1, giou] summed over the sets, divided by n."""
         src = boxes[idx]
         w = w if w is not None else src.new_ones(len(src))
-        src_xyxy, t_xyxy = cxcywh_to_xyxy(src), cxcywh_to_xyxy(t_boxes)
-        iou = _aligned_iou(src_xyxy.detach(), t_xyxy)
-        at = (idx[0], idx[1], idx[2], t_cls)
-        onehot = torch.zeros_like(logits)
-        onehot[at] = w
-        score = torch.zeros_like(logits)
-        score[at] = iou * w
-        # varifocal: negatives weighted by alpha * p^gamma, positives by their IoU target
-        p = logits.detach().sigmoid()
-        weight = self.alpha * p.pow(self.gamma) * (1 - onehot) + score
-        vfl = F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="sum")
-        l1 = ((src - t_boxes).abs().sum(-1) * w).sum()
-        from torchvision.ops import generalized_box_iou_loss  # here, not at import: see backbone.py
-
-        giou = (generalized_box_iou_loss(src_xyxy, t_xyxy) * w).sum() if len(src) else src.sum()
-        return torch.stack((vfl, l1, giou)) / n
+        iou = aligned_iou(cxcywh_to_xyxy(src.detach()), cxcywh_to_xyxy(t_boxes))
+        vfl = varifocal(logits, idx, t_cls, iou, w, self.alpha, self.gamma)
+        return torch.stack((vfl, *box_terms(src, t_boxes, w))) / n
 
 
-def _aligned_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def varifocal(
+    logits: torch.Tensor,
+    idx: tuple[torch.Tensor, ...],
+    t_cls: torch.Tensor,
+    iou: torch.Tensor,
+    w: torch.Tensor,
+    alpha: float = 0.75,
+    gamma: float = 2.0,
+) -> torch.Tensor:
+    """Varifocal loss summed over a set of logits (S, B, Q, C) whose matched (set, image, query) pairs `idx`
+    have class t_cls and IoU target iou (w: a 0/1 weight per pair): negatives weighted by alpha * p^gamma,
+    positives by their IoU target."""
+    at = (*idx, t_cls)
+    onehot = torch.zeros_like(logits)
+    onehot[at] = w.to(logits.dtype)
+    score = torch.zeros_like(logits)
+    score[at] = (iou * w).to(logits.dtype)
+    p = logits.detach().sigmoid()
+    weight = alpha * p.pow(gamma) * (1 - onehot) + score
+    return F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="sum")
+
+
+def box_terms(src: torch.Tensor, t_boxes: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Matched (P, 4) cx, cy, w, h boxes and their targets -> (L1 sum, GIoU loss sum), each pair weighted by w."""
+    from torchvision.ops import generalized_box_iou_loss  # here, not at import: see backbone.py
+
+    l1 = ((src - t_boxes).abs().sum(-1) * w).sum()
+    giou = (generalized_box_iou_loss(cxcywh_to_xyxy(src), cxcywh_to_xyxy(t_boxes)) * w).sum() if len(src) else src.sum()
+    return l1, giou
+
+
+def aligned_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """IoU of matching rows of two (P, 4) xyxy tensors (torchvision's box_iou is pairwise: P x P)."""
     wh = (torch.minimum(a[:, 2:], b[:, 2:]) - torch.maximum(a[:, :2], b[:, :2])).clamp(min=0)
     inter = wh[:, 0] * wh[:, 1]

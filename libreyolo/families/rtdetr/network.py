@@ -58,20 +58,18 @@ class Features(nn.Module):
         return tuple(self.encoder(self.backbone(x)))
 
 
-class RTDETR(nn.Module):
-    def __init__(self, size: str, nc: int, spec: Spec | None = None):
+class QueryDetector(nn.Module):
+    """What RT-DETR and D-FINE share: `features` (backbone + encoder) giving maps of the given strides, and a
+    decoder that takes the denoising groups made from the targets handed over before a training forward."""
+
+    def __init__(self, nc: int, features: nn.Module, decoder: nn.Module, strides: tuple[int, ...]):
         super().__init__()
-        spec = spec or SIZES[size]
-        self.nc, self.spec = nc, spec
-        self.features = Features(spec)
-        d = spec.dec_hidden or spec.hidden
-        self.decoder = Decoder(
-            nc, d, 3, spec.dec_layers, spec.heads, spec.dec_ffn, spec.points, spec.num_queries, spec.hidden
-        )
+        self.nc = nc
+        self.features, self.decoder = features, decoder
         # denoising settings (the family's keys set them for a run: train_net)
         self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0
         self.backbone_lr = 0.1  # the backbone's LR as a fraction of lr0 (its param groups' lr_scale)
-        self.strides = (8, 16, 32)  # of the encoder's three maps
+        self.strides = strides  # of the encoder's maps
         self._targets: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None
 
     def feature_shapes(self, h: int, w: int) -> list[tuple[int, int]]:
@@ -91,4 +89,19 @@ class RTDETR(nn.Module):
             cls, boxes, valid, _ = pack_targets(*self._targets)
             dn = build_groups(cls, boxes, valid, self.nc, self.num_denoising, self.label_noise, self.box_noise)
         self._targets = None
-        return self.decoder(list(feats), dn)
+        out: dict[str, torch.Tensor] | tuple[torch.Tensor, torch.Tensor] = self.decoder(list(feats), dn)
+        return out
+
+
+class RTDETR(QueryDetector):
+    features: Features
+    decoder: Decoder
+
+    def __init__(self, size: str, nc: int, spec: Spec | None = None):
+        spec = spec or SIZES[size]
+        d = spec.dec_hidden or spec.hidden
+        decoder = Decoder(
+            nc, d, 3, spec.dec_layers, spec.heads, spec.dec_ffn, spec.points, spec.num_queries, spec.hidden
+        )
+        super().__init__(nc, Features(spec), decoder, (8, 16, 32))
+        self.spec = spec
