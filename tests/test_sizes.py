@@ -13,6 +13,7 @@ YOLOV9 = "YOLOv9 paper (Wang et al. 2024, arXiv:2402.13616) and WongKinYiu/yolov
 YOLOX = "YOLOX README (Megvii-BaseDetection/YOLOX), model zoo tables"
 RTDETR = "RT-DETR README (lyuwenyu/RT-DETR), model zoo table"
 RTDETR_CODE = "lyuwenyu/RT-DETR rtdetr_pytorch built at 80 classes (the README's 42M is rounded down from it)"
+DFINE_CODE = "Peterande/D-FINE built at 80 classes, as LibreYOLO 1.6 builds it (its README rounds to 4M, 10M, 19M)"
 TORCHVISION = "torchvision.models documentation (num_params of the IMAGENET1K_V1 weights)"
 MNV4 = "MobileNetV4 paper (Qin et al. 2024, arXiv:2404.10518), ImageNet classification table"
 PUBLISHED: dict[str, tuple[float, int, str]] = {
@@ -28,6 +29,9 @@ PUBLISHED: dict[str, tuple[float, int, str]] = {
     "LibreRTDETRr34": (31e6, 80, RTDETR),
     "LibreRTDETRr50": (42_891_372, 80, RTDETR_CODE),
     "LibreRTDETRr101": (76e6, 80, RTDETR),
+    "LibreDFINEn": (3_782_693, 80, DFINE_CODE),
+    "LibreDFINEs": (10_321_877, 80, DFINE_CODE),
+    "LibreDFINEm": (19_590_064, 80, DFINE_CODE),
     "LibreResNet18": (11_689_512, 1000, TORCHVISION),
     "LibreResNet34": (21_797_672, 1000, TORCHVISION),
     "LibreResNet50": (25_557_032, 1000, TORCHVISION),
@@ -64,7 +68,7 @@ def test_own_yolo9_sizes_against_the_published_count(name):
 
 def test_every_registered_size_is_covered():
     covered = set(PUBLISHED) | set(NOT_YET)
-    for fam in ("yolo9", "yolox", "rtdetr", "resnet", "mnv4"):
+    for fam in ("yolo9", "yolox", "rtdetr", "dfine", "resnet", "mnv4"):
         assert set(get_family(fam).models) <= covered, fam
 
 
