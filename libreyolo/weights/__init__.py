@@ -41,15 +41,24 @@ def find(
     tensors: dict[str, Any], meta: dict[str, Any], family: Family | None = None
 ) -> tuple[Family, Converter, Foreign]:
     """The family and converter that read these tensors, and what they read; `family` first (pretrained= of a model
-    of that family), then every family in registry order. Partial weights (a backbone) come only for `family`."""
+    of that family), then every family in registry order. Partial weights (a backbone) come only for `family`. A
+    converter's refusal (CheckpointError: a file of its format it cannot load) is raised only when no other reads the
+    file: RT-DETR's and D-FINE's official layouts share their decoder's names."""
     fams = list(families().values())
     if family is not None:
         fams = [family] + [f for f in fams if f is not family]
+    refused: CheckpointError | None = None
     for fam in fams:
         for conv in fam.converters():
-            got = conv.read(tensors, meta)
+            try:
+                got = conv.read(tensors, meta)
+            except CheckpointError as e:  # a format it knows but cannot load: another family's may still read it
+                refused = refused or e
+                continue
             if got is not None and (not got.partial or fam is family):
                 return fam, conv, got
+    if refused is not None:
+        raise refused
     raise LookupError
 
 
