@@ -57,10 +57,17 @@ def libreyolo16() -> Path:
 
 
 def reference(
-    folder: Path, family: str, size: str, nc: int, out: Path, device: str = "cpu", dtype: str = "float32"
+    folder: Path,
+    family: str,
+    size: str,
+    nc: int,
+    out: Path,
+    device: str = "cpu",
+    dtype: str = "float32",
+    px: int = 64,
 ) -> dict[str, torch.Tensor]:
-    """Run 1.6 on a fixed input (two 64 px images, RGB in 0..1) and return its outputs; its files land in out."""
-    torch.save(torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(3)), out / "x.pt")
+    """Run 1.6 on a fixed input (two px x px images, RGB in 0..1) and return its outputs; its files land in out."""
+    torch.save(torch.rand(2, 3, px, px, generator=torch.Generator().manual_seed(3)), out / "x.pt")
     env = {**os.environ, "PYTHONPATH": str(folder)}
     got = subprocess.run(
         [sys.executable, str(REF_SCRIPT), family, size, str(nc), str(out), device, dtype],
@@ -74,7 +81,8 @@ def outputs(model: LibreYOLO, x: torch.Tensor, multi_label: bool) -> tuple[torch
     net = model.net.eval()
     with torch.no_grad():
         raw = net(x)
-    return raw, model.family.postprocess(net, raw[:1], (64, 64), 0.001, 0.7, 50, multi_label)
+    first = tuple(r[:1] for r in raw) if isinstance(raw, tuple) else raw[:1]
+    return raw, model.family.postprocess(net, first, (x.shape[-2], x.shape[-1]), 0.001, 0.7, 50, multi_label)
 
 
 def assert_same_boxes(ours: torch.Tensor, ref: dict[str, torch.Tensor]) -> None:
@@ -141,3 +149,23 @@ def test_libreyolo16_mobilenetv4_m_gives_its_logits(libreyolo16, tmp_path):
     assert model.model_name == "LibreMNv4m" and "MobileNetV4-Conv" in model.loaded_note
     with torch.no_grad():
         torch.testing.assert_close(model.net.eval()(x), ref["raw"], atol=1e-4, rtol=0)
+
+
+def test_libreyolo16_and_official_rtdetr_files_give_its_outputs(libreyolo16, tmp_path):
+    """1.6's RT-DETR keeps the official layout: its .pt, its .safetensors and an official-style .pth (the EMA
+    weights preferred, as the release's tools do, over the raw ones, zeroed here) give 1.6's outputs. 160 px:
+    the official decoder takes its 300 queries from at least 300 encoder tokens."""
+    ref = reference(libreyolo16, "rtdetr", "r18", 3, tmp_path, px=160)
+    x = torch.load(tmp_path / "x.pt", weights_only=True)
+    from safetensors.torch import load_file
+
+    state = load_file(tmp_path / "libreyolo16_rtdetrr18.safetensors")
+    official = tmp_path / "rtdetr_r18vd_dec3_6x_coco.pth"
+    torch.save({"last_epoch": 71, "model": {k: v * 0 for k, v in state.items()}, "ema": {"module": state}}, official)
+    for path in (tmp_path / "libreyolo16_rtdetrr18.pt", tmp_path / "libreyolo16_rtdetrr18.safetensors", official):
+        model = LibreYOLO(path)
+        assert model.model_name == "LibreRTDETRr18" and model.nc == 3
+        assert ("official layout" in model.loaded_note) == (path.suffix != ".pt"), model.loaded_note
+        raw, boxes = outputs(model, x, multi_label=True)
+        torch.testing.assert_close(raw, ref["raw"], atol=1e-4, rtol=0)
+        assert_same_boxes(boxes, ref)

@@ -3,8 +3,8 @@ build a randomly initialised model, save it as 1.6 saves checkpoints (.pt, and i
 write its raw head outputs and post-processed boxes for a fixed input to reference.pt. tests/test_weights16.py runs
 this in a subprocess and compares this project's outputs with them.
 
-usage: python weights_ref16.py FAMILY SIZE NC OUT_DIR [DEVICE DTYPE]   (FAMILY: yolo9, yolox, resnet or mnv4; the input:
-tensors in OUT_DIR/x.pt, RGB in 0..1, as this project's networks take it; DEVICE cpu or cuda, DTYPE float32 or
+usage: python weights_ref16.py FAMILY SIZE NC OUT_DIR [DEVICE DTYPE]   (FAMILY: yolo9, yolox, rtdetr, resnet,
+mnv4; the input: tensors in OUT_DIR/x.pt, RGB in 0..1, as this project's networks take it; DEVICE cpu or cuda, DTYPE float32 or
 float16: the forward runs there, the saved files and outputs are float32 on the CPU)"""
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def main(family: str, size: str, nc: int, out: Path, device: str = "cpu", dtype:
             _randomise_bn(net)
             raw = run(net, x)
         post = {"boxes": [], "scores": [], "classes": []}
+    elif family == "rtdetr":
+        raw, post, model, net = _rtdetr(size, nc, x, run)
     else:
         from libreyolo import LibreYOLOX
         from libreyolo.postprocess.yolox import postprocess
@@ -78,6 +80,29 @@ def main(family: str, size: str, nc: int, out: Path, device: str = "cpu", dtype:
     scores = torch.as_tensor(post["scores"], dtype=torch.float32).reshape(-1)
     classes = torch.as_tensor(post["classes"], dtype=torch.float32).reshape(-1)
     torch.save({"raw": raw, "boxes": boxes, "scores": scores, "classes": classes}, out / "reference.pt")
+
+
+def _rtdetr(size: str, nc: int, x: torch.Tensor, run: _Run) -> tuple:
+    """1.6's RT-DETR (the official layout) with every tensor random: its backbone's ImageNet weights would be
+    downloaded, so none are asked for; the zero-initialised heads and attention weights get small random values
+    so that every tensor changes the outputs."""
+    import libreyolo.models.rtdetr.model as rtdetr16
+    from libreyolo import LibreRTDETR
+    from libreyolo.postprocess.rtdetr import postprocess
+
+    for cfg in rtdetr16.RTDETR_CONFIGS.values():
+        cfg["backbone_pretrained"] = False
+    model = LibreRTDETR(None, size=size, nb_classes=nc, device="cpu")
+    net = model.model.eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        _randomise_bn(net)
+        for p in net.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+        out = run(net, x)
+    raw = (out["pred_logits"], out["pred_boxes"])
+    post = postprocess({k: v[:1] for k, v in out.items()}, 0.001, 0.7, (x.shape[-1], x.shape[-2]), max_det=50)
+    return raw, post, model, net
 
 
 class _Run:

@@ -75,9 +75,9 @@ FAMILY = register(
         convert="libreyolo.families.rtdetr.convert",
         export="libreyolo.families.rtdetr.export",
         published=(
-            "torchvision publishes ImageNet ResNet weights (torchvision.models.ResNet50_Weights etc.), which load into "
-            "RT-DETR's backbone with pretrained=; official RT-DETR .pth files (github.com/lyuwenyu/RT-DETR) are not "
-            "read yet"
+            "Official RT-DETR (v1) .pth files are published at github.com/lyuwenyu/RT-DETR (rtdetr_pytorch's model "
+            "zoo) and LibreYOLO 1.6's at huggingface.co/LibreYOLO; torchvision's ImageNet ResNet weights "
+            "(torchvision.models.ResNet50_Weights etc.) load into RT-DETR's backbone with pretrained="
         ),
     )
 )

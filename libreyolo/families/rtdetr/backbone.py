@@ -14,9 +14,9 @@ def conv_bn_relu(c1: int, c2: int, s: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(c1, c2, 3, s, 1, bias=False), nn.BatchNorm2d(c2), nn.ReLU(inplace=True))
 
 
-def _shortcut(c1: int, c2: int, stride: int) -> nn.Module | None:
-    if stride == 1 and c1 == c2:
-        return None
+def _shortcut(c1: int, c2: int, stride: int) -> nn.Module:
+    """A stage's first block always projects its shortcut, even where the shape holds (stage 1 of ResNet-18/34),
+    as the official RT-DETR PResNet does: its weights have that 1x1 convolution."""
     pool: nn.Module = nn.AvgPool2d(2, 2, ceil_mode=True) if stride == 2 else nn.Identity()
     return nn.Sequential(pool, nn.Conv2d(c1, c2, 1, bias=False), nn.BatchNorm2d(c2))
 

@@ -50,8 +50,15 @@ class Features(nn.Module):
     def __init__(self, spec: Spec):
         super().__init__()
         self.backbone = ResNetVd(spec.depths, spec.widths, spec.bottleneck)
+        # column_major: the official position layout, which RT-DETR's published weights were trained with
         self.encoder = HybridEncoder(
-            self.backbone.out_channels, spec.hidden, spec.heads, spec.enc_ffn, spec.expansion, spec.csp_depth
+            self.backbone.out_channels,
+            spec.hidden,
+            spec.heads,
+            spec.enc_ffn,
+            spec.expansion,
+            spec.csp_depth,
+            column_major=True,
         )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
