@@ -152,3 +152,24 @@ def test_tiny_variant_overfits_then_saves_loads_predicts_and_validates(overfit_d
     res = again.predict(images, imgsz=64, device="cpu")
     assert all(len(r) >= 1 for r in res)
     assert main(["val", f"model={weights}", f"data={overfit_data}", "imgsz=64", "batch=8", "device=cpu"]) == 0
+
+
+def test_onnx_and_torchscript_exports_give_pytorchs_outputs(tmp_path):
+    # D-FINE-n itself: the tiny variant's untrained maps are so flat that near-equal encoder scores swap queries
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    m = LibreYOLO("LibreDFINEn", nc=3)
+    m.imgsz = 64
+    m = LibreYOLO(str(m.save(tmp_path / "tiny.pt")))
+    onnx_path = m.export(dynamo=False, log=lambda s: None)
+    ts_path = m.export(format="torchscript", log=lambda s: None)
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = m.net.eval()(x)
+    got = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})
+    ts = torch.jit.load(str(ts_path))(x)
+    for w, o, t in zip(want, got, ts, strict=True):
+        torch.testing.assert_close(torch.from_numpy(o), w, atol=1e-4, rtol=0)
+        torch.testing.assert_close(t, w, atol=1e-4, rtol=0)
+    res = LibreYOLO(str(onnx_path)).predict(x[0].permute(1, 2, 0).mul(255).byte().numpy(), conf=0.0, max_det=5)
+    assert len(res) == 1 and len(res[0]) == 5
