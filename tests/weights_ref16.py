@@ -4,8 +4,8 @@ write its raw head outputs and post-processed boxes for a fixed input to referen
 this in a subprocess and compares this project's outputs with them.
 
 usage: python weights_ref16.py FAMILY SIZE NC OUT_DIR [DEVICE DTYPE]   (FAMILY: yolo9, yolox, rtdetr, resnet,
-mnv4; the input: tensors in OUT_DIR/x.pt, RGB in 0..1, as this project's networks take it; DEVICE cpu or cuda, DTYPE float32 or
-float16: the forward runs there, the saved files and outputs are float32 on the CPU)"""
+mnv4; the input: tensors in OUT_DIR/x.pt, RGB in 0..1, as this project's networks take it; DEVICE cpu or cuda,
+DTYPE float32 or float16: the forward runs there, the saved files and outputs are float32 on the CPU)"""
 
 from __future__ import annotations
 

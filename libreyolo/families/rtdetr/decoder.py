@@ -185,7 +185,7 @@ class Decoder(nn.Module):
         prev = ref
         x = target
         for i, layer in enumerate(self.layers):
-            x = layer(x, ref, memory, shapes, attn_mask, self.query_pos_head(ref).to(x.dtype))
+            x = layer(x, ref, memory, shapes, attn_mask, self.query_pos_head(ref.to(x.dtype)).to(x.dtype))
             delta = self.bbox_heads[i](x)
             refined = (delta + inverse_sigmoid(ref)).sigmoid()
             if self.training or i == last:
