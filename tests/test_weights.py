@@ -215,3 +215,22 @@ def test_a_torchvision_resnet_is_rtdetrs_backbone_with_pretrained(tmp_path, caps
     with pytest.raises(CheckpointError, match="no known format"):
         torch.save({k: v for k, v in ref.state_dict().items() if k != "fc.weight"}, tmp_path / "headless.pth")
         LibreYOLO(tmp_path / "headless.pth")  # a backbone alone is no model
+
+
+def test_a_pretrained_run_gets_the_learning_rate_and_warm_up_docs_weights_md_lists():
+    from libreyolo.config import TrainConfig
+    from libreyolo.families import families
+
+    doc = (Path(__file__).parents[1] / "docs" / "weights.md").read_text()
+    table = doc[doc.index("## Fine-tuning learning rates") :].split("\n\n")[2]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert {r[0] for r in rows} == {"yolo9", "yolox", "rtdetr", "resnet", "mnv4"}
+    for name, optimizer, lr0, warmup, bias_lr in rows:
+        cfg = TrainConfig.from_overrides({"pretrained": "start.pt"}, family=families()[name])
+        assert (cfg.optimizer, cfg.lr0, cfg.warmup_epochs, cfg.warmup_bias_lr) == (
+            optimizer, float(lr0), float(warmup), float(bias_lr)
+        ), name  # fmt: skip
+    for fam in families().values():  # no family's run changes a key because it starts from a file
+        assert TrainConfig.from_overrides({"pretrained": "start.pt"}, family=fam).lr0 == (
+            TrainConfig.from_overrides({}, family=fam).lr0
+        )
