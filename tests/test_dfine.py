@@ -13,6 +13,7 @@ from test_rtdetr import _targets
 from libreyolo import LibreYOLO
 from libreyolo.config import TrainConfig
 from libreyolo.engine.runners import graph_mode
+from libreyolo.errors import ConfigError
 from libreyolo.events import read_events
 from libreyolo.families import register, unregister
 from libreyolo.families.dfine import FAMILY
@@ -173,3 +174,33 @@ def test_onnx_and_torchscript_exports_give_pytorchs_outputs(tmp_path):
         torch.testing.assert_close(t, w, atol=1e-4, rtol=0)
     res = LibreYOLO(str(onnx_path)).predict(x[0].permute(1, 2, 0).mul(255).byte().numpy(), conf=0.0, max_det=5)
     assert len(res) == 1 and len(res[0]) == 5
+
+
+@pytest.mark.parametrize("counts", [[0, 0], [5, 0, 2]])
+def test_padded_denoising_layout_gives_the_loss_of_the_unpadded_one(counts):
+    """dn_pad: the denoising queries padded to a fixed count (one decoder shape for every batch); nothing attends to
+    the padding, and the loss reads the groups only, so the loss and its gradients are the unpadded ones."""
+    t, mask = _targets(counts)
+    x = torch.rand(len(counts), 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    results = []
+    for pad in (0, 64):
+        torch.manual_seed(0)
+        net = DFINE("t", 3, TINY)
+        net.num_denoising, net.dn_pad = 20, pad
+        net.set_targets(t, mask, (64, 64))
+        torch.manual_seed(1)  # the same noise in both layouts
+        out = net(x)
+        loss, items = DFINELoss(3, net.decoder.project, 4.0)(out, t, mask, (64, 64), 1.0)
+        loss.backward()
+        # a batch without boxes: the padded layout embeds its padding (a zero gradient), the other nothing (None)
+        grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in net.parameters()])
+        results.append((items, grad))
+    (items0, grad0), (items1, grad1) = results
+    torch.testing.assert_close(items1, items0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad1, grad0, atol=1e-5, rtol=1e-4)
+    if max(counts) == 0:
+        return
+    with pytest.raises(ConfigError, match="40 denoising queries do not fit dn_pad=8"):
+        net.dn_pad = 8
+        net.set_targets(t, mask, (64, 64))
+        net(x)

@@ -30,6 +30,11 @@ class DfineKeys:
     giou: float = K.option(2.0, K.nonneg(K.number), "generalized IoU box loss gain")
     fgl: float = K.option(0.15, K.nonneg(K.number), "fine-grained localisation (edge distribution) loss gain")
     ddf: float = K.option(1.5, K.nonneg(K.number), "distillation gain (earlier layers' edges towards the last's)")
+    dn_pad: int = K.option(
+        0,
+        K.nonneg(K.integer),
+        "pad the denoising queries to this count (0: no padding): one decoder shape whatever the boxes per image",
+    )
     backbone_lr: float = K.option(0.5, K.nonneg(K.number), "the backbone's learning rate as a fraction of lr0")
 
 

@@ -105,7 +105,7 @@ class DfineDecoder(nn.Module):
         layers = self._layers(target, ref_unact.sigmoid(), memory, shapes, attn_mask)
         if not self.training:
             return layers["logits"][-1], layers["boxes"][-1]
-        return self._training_dict(layers, enc_logits, enc_boxes, dn.size if dn is not None else 0)
+        return self._training_dict(layers, enc_logits, enc_boxes, dn.real if dn else 0, dn.size if dn else 0)
 
     def _layers(
         self,
@@ -148,15 +148,16 @@ class DfineDecoder(nn.Module):
 
     @staticmethod
     def _training_dict(
-        layers: dict[str, torch.Tensor], enc_logits: torch.Tensor, enc_boxes: torch.Tensor, n_dn: int
+        layers: dict[str, torch.Tensor], enc_logits: torch.Tensor, enc_boxes: torch.Tensor, n_dn: int, first: int
     ) -> dict[str, torch.Tensor]:
         """Every layer's logits (L, B, N, nc), boxes (L, B, N, 4) and edge logits (L, B, N, 4 (R + 1)), the shared
         reference boxes `refs` (B, N, 4), the first layer's own box head (`pre_*`) and the encoder's top-k
-        (`enc_*`); N is the matching queries, and the denoising queries' the same under `dn_`."""
+        (`enc_*`); N is the matching queries (from query `first` on), and the denoising groups' first n_dn queries
+        the same under `dn_` (a padded layout's padding, between them, is dropped)."""
         out = {"enc_logits": enc_logits, "enc_boxes": enc_boxes}
         for key, value in layers.items():
             q = value.dim() - 2  # the query dimension (after the layer's in stacked outputs)
-            out[key] = value.narrow(q, n_dn, value.shape[q] - n_dn)
+            out[key] = value.narrow(q, first, value.shape[q] - first)
             if n_dn:
                 out["dn_" + key] = value.narrow(q, 0, n_dn)
         return out

@@ -21,7 +21,10 @@ def build(size: str, nc: int) -> DFINE:
 
 def train_net(net: nn.Module, cfg: Any) -> nn.Module:
     """The detector itself, with the run's query, denoising and backbone-LR keys set on it."""
-    return configure(own(net, DFINE), FAMILY.options_of(cfg))
+    k = FAMILY.options_of(cfg)
+    net = configure(own(net, DFINE), k)
+    net.dn_pad = int(k.dn_pad)
+    return net
 
 
 def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> DFINELoss:

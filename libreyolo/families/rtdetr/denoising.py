@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from libreyolo.errors import ConfigError
+
 
 @dataclass
 class DenoisingGroups:
@@ -17,25 +19,58 @@ class DenoisingGroups:
     boxes_unact: torch.Tensor  # (B, N, 4) inverse sigmoid of the noised cx, cy, w, h
     groups: int  # number of groups
     per_group: int  # G: the most boxes one image has; a group is G positive then G negative queries
+    pad: int = 0  # queries after the groups that only keep the count fixed (padded): nothing sees them
 
     @property
     def size(self) -> int:
         return self.labels.shape[1]
 
+    @property
+    def real(self) -> int:
+        """The queries of the groups, without the padding."""
+        return self.size - self.pad
+
     def attn_mask(self, num_queries: int) -> torch.Tensor:
         """(N + Q, N + Q) bool, True where attention is not allowed: the matching queries never see the denoising
-        ones (those carry the answers), nor a group another group."""
-        n, dev = self.size, self.labels.device
+        ones (those carry the answers), nor a group another group; a padding query sees itself only."""
+        n, r, dev = self.size, self.real, self.labels.device
         mask = torch.zeros(n + num_queries, n + num_queries, dtype=torch.bool, device=dev)
         mask[n:, :n] = True
-        grp = torch.arange(n, device=dev) // (2 * self.per_group)
-        mask[:n, :n] = grp[:, None] != grp[None, :]
+        if r:
+            grp = torch.arange(r, device=dev) // (2 * self.per_group)
+            mask[:r, :r] = grp[:, None] != grp[None, :]
+        mask[:, r:n] = True
+        mask[r:n] = True
+        mask[torch.arange(r, n, device=dev), torch.arange(r, n, device=dev)] = False
         return mask
 
     def positive_index(self) -> torch.Tensor:
         """(groups, G) the query index of each ground-truth slot's positive copy, group by group."""
         g = torch.arange(self.groups, device=self.labels.device)[:, None] * 2 * self.per_group
         return g + torch.arange(self.per_group, device=self.labels.device)[None]
+
+
+def pad_groups(dn: DenoisingGroups | None, size: int, batch: int, nc: int, device: torch.device) -> DenoisingGroups:
+    """The groups padded to `size` queries (no groups: all padding), so that the decoder's query count is the same
+    for every batch: a padding query has no class, a harmless box, and no query sees it; the loss reads the groups
+    only (DenoisingGroups.real). A layout of more than `size` queries is refused."""
+    real = dn.size if dn is not None else 0
+    if real > size:
+        raise ConfigError(
+            f"{real} denoising queries do not fit dn_pad={size}: set dn_pad to at least 2 x max(num_denoising, the "
+            "most boxes in one image)"
+        )
+    labels = torch.full((batch, size - real), nc, dtype=torch.long, device=device)
+    boxes = torch.zeros(batch, size - real, 4, device=device)  # inverse sigmoid of a centred box of half the image
+    if dn is None:
+        return DenoisingGroups(labels, boxes, 0, 0, size)
+    return DenoisingGroups(
+        torch.cat((dn.labels, labels.to(dn.labels.dtype)), 1),
+        torch.cat((dn.boxes_unact, boxes.to(dn.boxes_unact.dtype)), 1),
+        dn.groups,
+        dn.per_group,
+        size - real,
+    )
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch import nn
 
 from libreyolo.families.rtdetr.backbone import ResNetVd
 from libreyolo.families.rtdetr.decoder import Decoder
-from libreyolo.families.rtdetr.denoising import build_groups, pack_targets
+from libreyolo.families.rtdetr.denoising import build_groups, pack_targets, pad_groups
 from libreyolo.families.rtdetr.encoder import HybridEncoder
 
 
@@ -76,6 +76,7 @@ class QueryDetector(nn.Module):
         # denoising settings (the family's keys set them for a run: train_net)
         self.num_denoising, self.label_noise, self.box_noise = 100, 0.5, 1.0
         self.backbone_lr = 0.1  # the backbone's LR as a fraction of lr0 (its param groups' lr_scale)
+        self.dn_pad = 0  # > 0: the denoising queries padded to this count (a static layout; D-FINE's dn_pad key)
         self.strides = strides  # of the encoder's maps
         self._targets: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None
 
@@ -95,6 +96,8 @@ class QueryDetector(nn.Module):
         if self.training and self._targets is not None:
             cls, boxes, valid, _ = pack_targets(*self._targets)
             dn = build_groups(cls, boxes, valid, self.nc, self.num_denoising, self.label_noise, self.box_noise)
+            if self.dn_pad:
+                dn = pad_groups(dn, self.dn_pad, x.shape[0], self.nc, x.device)
         self._targets = None
         out: dict[str, torch.Tensor] | tuple[torch.Tensor, torch.Tensor] = self.decoder(list(feats), dn)
         return out
