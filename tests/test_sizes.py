@@ -16,6 +16,8 @@ RTDETR_CODE = "lyuwenyu/RT-DETR rtdetr_pytorch built at 80 classes (the README's
 DFINE_CODE = "Peterande/D-FINE built at 80 classes, as LibreYOLO 1.6 builds it (its README rounds to 4M, 10M, 19M)"
 TORCHVISION = "torchvision.models documentation (num_params of the IMAGENET1K_V1 weights)"
 MNV4 = "MobileNetV4 paper (Qin et al. 2024, arXiv:2404.10518), ImageNet classification table"
+RTMDET = "mmdetection's RTMDet README (configs/rtmdet), model zoo table"
+RTMDET_CODE = "mmdetection's rtmdet_tiny config built at 80 classes, as LibreYOLO 1.6 counts it (its README: 4.8M)"
 PUBLISHED: dict[str, tuple[float, int, str]] = {
     "LibreYOLO9m": (20.0e6, 80, YOLOV9),
     "LibreYOLO9c": (25.3e6, 80, YOLOV9),
@@ -25,6 +27,11 @@ PUBLISHED: dict[str, tuple[float, int, str]] = {
     "LibreYOLOXm": (25.3e6, 80, YOLOX),
     "LibreYOLOXl": (54.2e6, 80, YOLOX),
     "LibreYOLOXx": (99.1e6, 80, YOLOX),
+    "LibreRTMDett": (4_896_168, 80, RTMDET_CODE),
+    "LibreRTMDets": (8.89e6, 80, RTMDET),
+    "LibreRTMDetm": (24.71e6, 80, RTMDET),
+    "LibreRTMDetl": (52.3e6, 80, RTMDET),
+    "LibreRTMDetx": (94.86e6, 80, RTMDET),
     "LibreRTDETRr18": (20e6, 80, RTDETR),
     "LibreRTDETRr34": (31e6, 80, RTDETR),
     "LibreRTDETRr50": (42_891_372, 80, RTDETR_CODE),
@@ -68,7 +75,7 @@ def test_own_yolo9_sizes_against_the_published_count(name):
 
 def test_every_registered_size_is_covered():
     covered = set(PUBLISHED) | set(NOT_YET)
-    for fam in ("yolo9", "yolox", "rtdetr", "dfine", "resnet", "mnv4"):
+    for fam in ("yolo9", "yolox", "rtmdet", "rtdetr", "dfine", "resnet", "mnv4"):
         assert set(get_family(fam).models) <= covered, fam
 
 
