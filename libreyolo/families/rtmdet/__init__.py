@@ -53,6 +53,7 @@ FAMILY = register(
         defaults=DEFAULTS,
         order=5,
         backbone=("backbone",),
+        convert="libreyolo.families.rtmdet.convert",
         export="libreyolo.families.rtmdet.export",
         published=(
             "the official RTMDet weights are in mmdetection's model zoo (github.com/open-mmlab/mmdetection, "
