@@ -234,3 +234,20 @@ def test_a_pretrained_run_gets_the_learning_rate_and_warm_up_docs_weights_md_lis
         assert TrainConfig.from_overrides({"pretrained": "start.pt"}, family=fam).lr0 == (
             TrainConfig.from_overrides({}, family=fam).lr0
         )
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"decoder.decoder.layers.0.cross_attn.num_points_scale": torch.ones(12)}, "an RT-DETRv2 checkpoint"),
+        ({"backbone.stem.stem1.conv.weight": torch.ones(1)}, r"an RT-DETR whose backbone is no ResNet-vd \(HGNetv2"),
+    ],
+)
+def test_rtdetr_files_of_networks_not_built_here_are_refused_with_the_reason(tmp_path, extra, match):
+    heads = {
+        "decoder.dec_score_head.0.weight": torch.ones(80, 256),
+        "decoder.enc_score_head.weight": torch.ones(80, 256),
+    }
+    torch.save({"model": {**heads, **extra}}, tmp_path / "rtdetr.pth")
+    with pytest.raises(CheckpointError, match=f"rtdetr.pth: {match}"):
+        LibreYOLO(tmp_path / "rtdetr.pth")

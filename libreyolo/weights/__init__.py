@@ -80,6 +80,8 @@ def load(path: str | Path, family: Family | None = None) -> dict[str, Any]:
         fam, conv, got = find(tensors, meta, family)
     except LookupError:
         raise CheckpointError(f"{path} is a weights file of no known format. Known formats: {known}") from None
+    except CheckpointError as e:  # a converter's format, of a network it cannot build: the reason, with the file
+        raise CheckpointError(f"{path}: {e}") from None
     names = got.names or [f"class{i}" for i in range(got.nc)]
     what = f"{fam.prefix}{got.size}" + (" (part)" if got.partial else f", {got.nc} classes")
     note = f"read {path}: {conv.format}, {what}, {len(got.state)} tensors"
