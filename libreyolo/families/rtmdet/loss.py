@@ -102,7 +102,7 @@ class RTMDetLoss:
 
         # GIoU on matched anchors, weighted by the IoU; background rows become one fixed box pair (GIoU 1) before the
         # arithmetic, so nothing they hold (an overflowed distance) reaches the loss or, through where, a gradient
-        unit = boxes.new_tensor([0.0, 0.0, 1.0, 1.0])
+        unit = (torch.arange(4, device=raw.device) // 2).to(boxes.dtype)  # (0, 0, 1, 1), no host-to-device copy
         fg4 = fg.unsqueeze(-1)
         pred = torch.where(fg4, boxes, unit)
         tgt = torch.where(fg4, a.target_boxes.to(boxes.dtype), unit)
