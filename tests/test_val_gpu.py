@@ -4,6 +4,7 @@ On CUDA the batched NMS must still equal its per-image definition bit for bit (b
 kernel on the same shifted boxes); CPU and CUDA may differ in a last-bit IoU at the threshold (the CUDA kernel
 may fuse multiply-adds), so they are compared by counts only. Prints the postprocess time per batch."""
 
+import dataclasses
 import time
 
 import pytest
@@ -148,18 +149,19 @@ def test_validation_inside_training_runs_on_its_thread_from_the_weights_its_epoc
     from libreyolo.data.shapes import make_shapes
     from libreyolo.engine.checkpoint import load_checkpoint
     from libreyolo.events import read_events
-    from libreyolo.tasks import get_task
+    from libreyolo import tasks
 
     read: list[tuple[str, dict[str, torch.Tensor]]] = []
-    detect = type(get_task("detect").implementation())
-    real = detect.start_validation
+    impl = tasks.get_task("detect").implementation()
+    real = impl.start_validation
 
-    def start(self, net, *args, **kwargs):
+    def start(net, *args, **kwargs):
         # cloned on the validation thread's stream, after it waited for the weights copy
         read.append((threading.current_thread().name, {k: v.detach().clone() for k, v in net.state_dict().items()}))
-        return real(self, net, *args, **kwargs)
+        return real(net, *args, **kwargs)
 
-    monkeypatch.setattr(detect, "start_validation", start)
+    # TaskImpl is frozen: the run reads the task's implementation from the registry's cache, so the cache holds a copy
+    monkeypatch.setitem(tasks._IMPLS, "detect", dataclasses.replace(impl, start_validation=start))
     data = make_shapes(tmp_path / "d", 64, 16, 160)
     m = LibreYOLO("LibreYOLO9t")
     m.train(data=str(data), epochs=3, imgsz=160, batch=8, device=0, workers=2, save_period=1, project=str(tmp_path))
