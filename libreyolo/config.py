@@ -16,7 +16,7 @@ import yaml
 
 from libreyolo import keys as K
 from libreyolo.errors import ConfigError
-from libreyolo.families import Family, family_keys, get_family, parse_model_name
+from libreyolo.families import Family, family_keys, get_family, model_names_summary, parse_model_name
 
 
 def opt(default: Any, parse: Callable[[Any], Any], help: str, group: str = "train", cli: bool = True) -> Any:
@@ -29,9 +29,9 @@ class TrainConfig:
     model: str = opt(
         "LibreYOLO9t",
         K.text,
-        "model name (LibreYOLO9t, LibreYOLO9s, LibreYOLOXn, LibreYOLOXt, LibreYOLOXs, LibreRTDETRr18, the larger sizes "
-        "LibreYOLO9m/c, LibreYOLOXm/l/x, LibreRTDETRr34/r50/r101, classifiers LibreResNet18/34/50, LibreMNv4s/m/l: "
-        "docs/families.md) or a weights file (.pt, .pth, .safetensors: ours or a foreign one, docs/weights.md)",
+        # {models}: spec() fills in the registry's names, so a new family's folder is all it takes to be listed
+        "model name ({models}: docs/families.md) or a weights file (.pt, .pth, .safetensors: ours or a foreign one, "
+        "docs/weights.md)",
         "run",
     )
     data: str = opt(
@@ -246,7 +246,8 @@ class TrainConfig:
         over = family.defaults if family is not None else {}
         for f in fields(cls):
             if f.metadata.get("cli", True):
-                out.append((f.name, over.get(f.name, f.default), f.metadata["help"], f.metadata["group"]))
+                help_ = f.metadata["help"].replace("{models}", model_names_summary())
+                out.append((f.name, over.get(f.name, f.default), help_, f.metadata["group"]))
         owners = [family] if family is not None else _families()
         for fam in owners:
             out += [(k.name, fam.defaults.get(k.name, k.default), k.help, f"family:{fam.name}") for k in fam.keys]

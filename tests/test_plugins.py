@@ -222,3 +222,13 @@ def test_a_plugin_trains_validates_and_predicts_through_the_cli(plugin, tiny_dat
     out = cli("val", f"model={best}", f"data={tiny_data}", *keys[:4])
     assert "count acc" in out or "count_acc" in out
     assert "toy_gain" in cli("train", "--help")
+
+
+def test_the_model_keys_help_names_a_plugins_models(plugin):
+    """The `model` key's help (train --help, docs/hyperparameters.md, the console's form) is built from the
+    registry: a plug-in's models are listed with no edit outside its package."""
+    from libreyolo.config import TrainConfig
+
+    helps = {key: help_ for key, _, help_, _ in TrainConfig.spec()}
+    assert "PlugToya" in helps["model"] and "LibreYOLO9t/s/m/c" in helps["model"]
+    assert "{models}" not in helps["model"]

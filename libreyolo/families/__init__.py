@@ -222,6 +222,12 @@ def model_names() -> list[str]:
     return [m for f in _REGISTRY.values() for m in f.models]
 
 
+def model_names_summary() -> str:
+    """Every model name, one family at a time with its sizes after the first name: 'LibreYOLO9t/s/m/c, ...'."""
+    _discover()
+    return ", ".join(f.prefix + "/".join(f.sizes) for f in _REGISTRY.values() if f.sizes)
+
+
 def family_keys() -> dict[str, list[tuple[Family, Key]]]:
     """key name -> the families that declare it (a name may be shared, e.g. a `cls` gain), in registry order."""
     _discover()
