@@ -145,11 +145,10 @@ def test_validation_inside_training_runs_on_its_thread_from_the_weights_its_epoc
     after it started), not weights the next epoch's steps have already updated in place."""
     import threading
 
-    from libreyolo import LibreYOLO
+    from libreyolo import LibreYOLO, tasks
     from libreyolo.data.shapes import make_shapes
     from libreyolo.engine.checkpoint import load_checkpoint
     from libreyolo.events import read_events
-    from libreyolo import tasks
 
     read: list[tuple[str, dict[str, torch.Tensor]]] = []
     impl = tasks.get_task("detect").implementation()
