@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -31,6 +32,15 @@ class LossMeter:
         self._event = None
         self._count_at_copy = 0
         self.mean = []  # nothing of this epoch has landed yet: report no losses rather than the last epoch's
+
+    def state(self) -> dict[str, Any]:
+        """The epoch's sums so far (the tensor itself: a checkpoint snapshot copies it behind the queued steps)."""
+        return {"sum": self.sum, "count": self.count}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Continue an epoch from a mid-epoch last.pt's state()."""
+        self.sum.copy_(state["sum"])
+        self.count = int(state["count"])
 
     def add(self, items: torch.Tensor) -> None:
         self.sum += items

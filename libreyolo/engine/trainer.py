@@ -18,6 +18,7 @@ from libreyolo.engine import optim, passes
 from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far
 from libreyolo.engine.epochval import EpochValidations, Landed, val_prefetch_due
 from libreyolo.engine.heap import frozen_heap, held_collections
+from libreyolo.engine.interrupt import StopSignals
 from libreyolo.engine.judge import BestEpoch
 from libreyolo.engine.loop import OnStart, RunLoop
 from libreyolo.engine.meters import HostRead, Throughput
@@ -44,6 +45,8 @@ class Trainer:
         self._setup: TrainSetup | None = None
         self.after_step: Callable[[RunLoop], None] | None = None  # after every step (the profiler's window)
         self.stop_requested: str | None = None  # a run status: the loop ends after the current step
+        self.signals = StopSignals(enabled=False)  # Ctrl-C / SIGTERM: the loop stops at the next step boundary
+        self._resumed_loss: dict[str, Any] | None = None  # a mid-epoch last.pt's loss sums of its epoch so far
         self._held: list[ev.Event] | None = []
         self._probe_scale = False  # a fresh float16 run reads its start loss scale off the first batch
         self.writer = CheckpointWriter()  # closed when train() ends: one Trainer trains once
@@ -112,7 +115,8 @@ class Trainer:
                 self._start_loss_scale(None, None, None)
             for start in self.on_start:  # what the caller attached (the profiler's window, with profile=true)
                 start(self)
-            with frozen_heap():
+            self.signals = StopSignals(enabled=s.world_size == 1)
+            with frozen_heap(), self.signals:
                 ended = self._epochs()
             self.writer.drain(wait=True)  # a failed write fails the run
             s.dist.finish()  # DDP: no rank leaves before rank 0 has written its checkpoints
@@ -185,9 +189,12 @@ class Trainer:
         start = self._first_step(epoch)
         mosaic = passes.mosaic_on(cfg, epoch)
         nb = s.sampler.batches_per_epoch()
+        self._stop_if_signalled(epoch, start)  # received between epochs
         self.emit(ev.EpochStart(epoch=epoch, epochs=cfg.epochs, steps=nb, mosaic=mosaic))
         s.train_net.train()
         s.meter.reset()
+        if start and self._resumed_loss is not None and s.world_size == 1:  # the row averages the epoch's every step
+            s.meter.load(self._resumed_loss)
         self._epoch_t0 = time.time()
         thr = Throughput()
         last_event = last_beat = time.perf_counter()
@@ -220,6 +227,7 @@ class Trainer:
             i += 1
             if boundary:
                 self.step_in_epoch = i
+                self._stop_if_signalled(epoch, i)
             now = time.perf_counter()
             if now - last_event >= cfg.log_interval or i == nb or i == start + 1:  # the first step: the run is moving
                 last_event = now
@@ -231,6 +239,13 @@ class Trainer:
                 self.after_step(self)
             if self.stop_requested:
                 break
+
+    def _stop_if_signalled(self, epoch: int, step: int) -> None:
+        """At an optimizer-step boundary: a Ctrl-C or SIGTERM received meanwhile stops the run here (interrupt.py)."""
+        if self.signals.requested:
+            msg = f"{self.signals.requested}: stopping at epoch {epoch + 1}, step {step}, an optimizer-step boundary"
+            self.emit(ev.WarningEvent(msg + "; last.pt is saved there and resume= continues exactly", code="signal"))
+            raise KeyboardInterrupt
 
     def _start_loss_scale(self, img: torch.Tensor | None, targets: torch.Tensor | None, mask: Any) -> None:
         """float16: the run's start loss scale (TrainSetup.start_scale), in one amp event."""
@@ -366,7 +381,10 @@ class Trainer:
         if which == "last":
             # packed (engine/snapshot.py); the EMA weights are the record's model already, stored once
             parts = (s.train_net, s.step.train_counters(), s.optimizer_name, s.scaler, s.ema)
-            train = snapshot(train_state(*parts, ema_is_model, str(s.run_dir), self.bad_files), packed=True)
+            state = train_state(*parts, ema_is_model, str(s.run_dir), self.bad_files)
+            if step:  # mid-epoch: the epoch's loss sums so far, for its results.csv row after a resume
+                state["epoch_loss"] = s.meter.state()
+            train = snapshot(state, packed=True)
             if step == 0:  # an epoch's end: its validation may make these weights the best (save("best") above)
                 self._epoch_end_record = (epoch, model)
             self.writer.submit(Amended(model, train=train), path, done)
@@ -392,4 +410,5 @@ class Trainer:
         self.best = BestEpoch(self.cfg.patience, fitness, metrics)
         self.bad_files = set(ckpt["train"].get("bad_files", []))
         self.epoch, self.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step"])
+        self._resumed_loss = ckpt["train"].get("epoch_loss")
         self.epochs_done = self.epoch
