@@ -31,20 +31,31 @@ from pathlib import Path
 
 import torch
 
+SIZES = {"rtmdet": ("t", "s", "m", "l", "x"), "dfine": ("n", "s", "m")}  # dfine: the sizes this project has
+
 
 def parent(a: argparse.Namespace) -> None:
     """Make bench step's batch with this project, then time 1.6 on it in a child process."""
     from libreyolo.bench.step import _batch_on_device
     from libreyolo.config import TrainConfig
 
-    cfg = TrainConfig.from_overrides({"model": f"LibreRTMDet{a.size}", "batch": a.batch, "imgsz": a.imgsz})
+    prefix = {"rtmdet": "LibreRTMDet", "dfine": "LibreDFINE"}[a.family]
+    if a.size not in SIZES[a.family]:
+        raise SystemExit(f"--family {a.family} has sizes {', '.join(SIZES[a.family])} here, not {a.size!r}")
+    cfg = TrainConfig.from_overrides({"model": f"{prefix}{a.size}", "batch": a.batch, "imgsz": a.imgsz})
     data, nc = _batch_on_device(cfg, a.batch, torch.device("cpu"))
+    # rtmdet: 64 as before; dfine: our D-FINE's nbs (its recipe's 32), which 1.6 accumulates to through config.nbs
+    nbs = a.nbs if a.nbs is not None else 64 if a.family == "rtmdet" else int(cfg.nbs)
     with tempfile.TemporaryDirectory() as tmp:
         batch = Path(tmp) / "batch.pt"
-        torch.save({"img": data["img"], "targets": data["targets"], "mask": data["mask"], "nc": nc}, batch)
-        env = {**os.environ, "PYTHONPATH": a.ly16}
+        rec = {"img": data["img"], "targets": data["targets"], "mask": data["mask"], "nc": nc, "nbs": nbs}
+        torch.save(rec, batch)
+        path = os.pathsep.join(p for p in (a.ly16, a.deps) if p)
+        env = {**os.environ, "PYTHONPATH": path}
         argv = [sys.executable, __file__, "--child", str(batch), *sys.argv[1:]]
-        subprocess.run(argv, check=True, env=env, cwd=tmp)
+        rc = subprocess.run(argv, env=env, cwd=tmp).returncode
+    if rc:
+        raise SystemExit(rc)
 
 
 def child(a: argparse.Namespace) -> None:
@@ -52,66 +63,17 @@ def child(a: argparse.Namespace) -> None:
 
     if not hasattr(libreyolo, "LibreRTMDet"):
         raise SystemExit(f"expected LibreYOLO 1.6 on PYTHONPATH, imported {libreyolo.__file__}")
-    from libreyolo.models.rtmdet.loss import RTMDetLoss
-    from libreyolo.models.rtmdet.nn import LibreRTMDetModel
-    from libreyolo.training.cuda_graph import CudaGraphTrainSpec, GraphableNetwork, TrainGraphManager
-    from libreyolo.training.ema import ModelEMA
-
     rec = torch.load(a.child, weights_only=True)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
-    # 1.6's targets: (B, M, 5) class, centre x, y, width, height in pixels, zero rows as padding
-    t = rec["targets"]
-    xywh = torch.cat((t[..., :1], (t[..., 1:3] + t[..., 3:5]) / 2, t[..., 3:5] - t[..., 1:3]), -1)
-    targets = torch.where(rec["mask"][..., None], xywh, 0.0).to(device)
-    mean = torch.tensor([103.53, 116.28, 123.675], device=device).view(1, 3, 1, 1)
-    std = torch.tensor([57.375, 57.12, 58.395], device=device).view(1, 3, 1, 1)
-    host_img = rec["img"].pin_memory() if cuda else rec["img"]
-    accumulate = max(round(a.nbs / a.batch), 1)
-
-    def one_mode(mode: str) -> None:
+    for mode in a.modes.split(","):
         torch.manual_seed(0)
-        model = LibreRTMDetModel(a.size, rec["nc"]).to(device).train()
-        loss_fn = RTMDetLoss(rec["nc"], distributed_normalize=False)
-        ema = ModelEMA(model, decay=0.9998)
-        decay, plain = [], []
-        for mod in model.modules():
-            for name, p in mod.named_parameters(recurse=False):
-                norm = isinstance(mod, torch.nn.modules.batchnorm._NormBase)
-                (plain if name == "bias" or norm else decay).append(p)
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": plain, "weight_decay": 0.0}], 4e-3)
-        scaler = torch.amp.GradScaler("cuda", enabled=cuda)
-        manager = TrainGraphManager(preserve_accumulated_grads=accumulate > 1) if mode == "graph" else None
-        network = GraphableNetwork(model)
-
-        def loss_from_head(cls_scores, bbox_preds):  # RTMDetTrainer._loss_from_head's conversion, then its loss
-            boxes, labels = [], []
-            for tb in targets:
-                tb = tb[(tb[:, 3:5] > 0).all(1)]
-                boxes.append(torch.cat((tb[:, 1:3] - tb[:, 3:5] / 2, tb[:, 1:3] + tb[:, 3:5] / 2), 1))
-                labels.append(tb[:, 0].long())
-            return loss_fn(cls_scores, bbox_preds, boxes, labels)
-
-        spec = CudaGraphTrainSpec(
-            network=network, assemble=lambda flat, i, tg, p=None: loss_from_head(*network.rebuild(flat))
-        )
-        n = 0
-
-        def step() -> None:
-            nonlocal n
-            n += 1
-            img = host_img.to(device, non_blocking=cuda).permute(0, 3, 1, 2).float().flip(1)  # 1.6 takes BGR
-            imgs = (img - mean) / std
-            with torch.autocast(device.type, dtype=torch.float16, enabled=cuda, cache_enabled=manager is None):
-                flat = manager.run(spec, imgs) if manager is not None else None
-                out = spec.assemble(flat, imgs, targets) if flat is not None else loss_from_head(*model(imgs))
-            scaler.scale(out["total_loss"]).backward()
-            if n % accumulate == 0:
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad()
-                ema.update(model)
-
+        if a.family == "rtmdet":
+            accumulate = max(round(rec["nbs"] / a.batch), 1)
+            step, manager = _rtmdet_step(a, rec, device, mode, accumulate)
+            extra = {}
+        else:
+            step, manager, accumulate, extra = _dfine_step(a, rec, device, mode)
         t0 = time.perf_counter()
         for _ in range(a.warmup):
             step()
@@ -121,7 +83,7 @@ def child(a: argparse.Namespace) -> None:
         times, mean_ms = _timed(step, a.steps, cuda)
         row = {
             "libreyolo": libreyolo.__version__ if hasattr(libreyolo, "__version__") else "1.6",
-            "model": f"RTMDet-{a.size}",
+            "model": f"{'RTMDet' if a.family == 'rtmdet' else 'DFINE'}-{a.size}",
             "mode": mode,
             "captured": bool(manager is not None and manager.captured),
             "batch": a.batch,
@@ -133,11 +95,145 @@ def child(a: argparse.Namespace) -> None:
             "warmup_s": warmup_s,
             "device": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch": torch.__version__,
+            **extra,
         }
         print(json.dumps(row), flush=True)
 
-    for mode in a.modes.split(","):
-        one_mode(mode)
+
+def _rtmdet_step(a: argparse.Namespace, rec: dict, device: torch.device, mode: str, accumulate: int):
+    """1.6's RTMDet step for one batch -> (step, graph manager or None)."""
+    from libreyolo.models.rtmdet.loss import RTMDetLoss
+    from libreyolo.models.rtmdet.nn import LibreRTMDetModel
+    from libreyolo.training.cuda_graph import CudaGraphTrainSpec, GraphableNetwork, TrainGraphManager
+    from libreyolo.training.ema import ModelEMA
+
+    cuda = device.type == "cuda"
+    # 1.6's targets: (B, M, 5) class, centre x, y, width, height in pixels, zero rows as padding
+    targets = _xywh_targets(rec).to(device)
+    mean = torch.tensor([103.53, 116.28, 123.675], device=device).view(1, 3, 1, 1)
+    std = torch.tensor([57.375, 57.12, 58.395], device=device).view(1, 3, 1, 1)
+    host_img = rec["img"].pin_memory() if cuda else rec["img"]
+    model = LibreRTMDetModel(a.size, rec["nc"]).to(device).train()
+    loss_fn = RTMDetLoss(rec["nc"], distributed_normalize=False)
+    ema = ModelEMA(model, decay=0.9998)
+    decay, plain = [], []
+    for mod in model.modules():
+        for name, p in mod.named_parameters(recurse=False):
+            norm = isinstance(mod, torch.nn.modules.batchnorm._NormBase)
+            (plain if name == "bias" or norm else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": plain, "weight_decay": 0.0}], 4e-3)
+    scaler = torch.amp.GradScaler("cuda", enabled=cuda)
+    manager = TrainGraphManager(preserve_accumulated_grads=accumulate > 1) if mode == "graph" else None
+    network = GraphableNetwork(model)
+
+    def loss_from_head(cls_scores, bbox_preds):  # RTMDetTrainer._loss_from_head's conversion, then its loss
+        boxes, labels = [], []
+        for tb in targets:
+            tb = tb[(tb[:, 3:5] > 0).all(1)]
+            boxes.append(torch.cat((tb[:, 1:3] - tb[:, 3:5] / 2, tb[:, 1:3] + tb[:, 3:5] / 2), 1))
+            labels.append(tb[:, 0].long())
+        return loss_fn(cls_scores, bbox_preds, boxes, labels)
+
+    spec = CudaGraphTrainSpec(network=network, assemble=lambda flat, i, tg, p=None: loss_from_head(*network.rebuild(flat)))
+    n = 0
+
+    def step() -> None:
+        nonlocal n
+        n += 1
+        img = host_img.to(device, non_blocking=cuda).permute(0, 3, 1, 2).float().flip(1)  # 1.6 takes BGR
+        imgs = (img - mean) / std
+        with torch.autocast(device.type, dtype=torch.float16, enabled=cuda, cache_enabled=manager is None):
+            flat = manager.run(spec, imgs) if manager is not None else None
+            out = spec.assemble(flat, imgs, targets) if flat is not None else loss_from_head(*model(imgs))
+        scaler.scale(out["total_loss"]).backward()
+        if n % accumulate == 0:
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            ema.update(model)
+
+    return step, manager
+
+
+def _dfine_step(a: argparse.Namespace, rec: dict, device: torch.device, mode: str):
+    """1.6's D-FINE step for one batch, through 1.6's own DFINETrainer methods -> (step, manager, accumulate, extra).
+
+    The trainer is made without its __init__ (no data, no run folder) and holds only what the methods used here
+    read: config, device, model, criterion, optimizer, scaler, EMA and the graph manager."""
+    from contextlib import nullcontext
+
+    from libreyolo.models.dfine.nn import LibreDFINEModel
+    from libreyolo.models.dfine.trainer import DFINETrainer
+    from libreyolo.training.config import DFINEConfig
+    from libreyolo.training.cuda_graph import TrainGraphManager
+    from libreyolo.training.ema import ModelEMA
+    from libreyolo.utils.amp import amp_uses_grad_scaler
+
+    cuda = device.type == "cuda"
+    cfg = DFINEConfig(size=a.size, num_classes=rec["nc"], batch=a.batch, imgsz=a.imgsz, nbs=rec["nbs"] or None)
+    tr = DFINETrainer.__new__(DFINETrainer)
+    tr.config, tr.device = cfg, device
+    tr.model = model = LibreDFINEModel(a.size, rec["nc"]).to(device).train()  # as from weights: stem frozen
+    dec = model.decoder  # its encoder picks num_queries tokens out of every level's cells (topk: at least that many)
+    if sum(((a.imgsz + st - 1) // st) ** 2 for st in dec.feat_strides) < dec.num_queries:
+        raise SystemExit(f"1.6's D-FINE-{a.size} cannot train at {a.imgsz} px: fewer tokens than its {dec.num_queries} queries")
+    tr.criterion = tr.build_criterion()
+    tr.optimizer = opt = tr._setup_optimizer()  # AdamW, {backbone x0.5, head} x {decay, no decay}, fused on CUDA
+    use_amp = cfg.amp and cuda  # BaseTrainer: AMP (and its scaler) on CUDA only
+    scaler = tr.scaler = torch.amp.GradScaler("cuda", enabled=amp_uses_grad_scaler(cfg.amp_dtype)) if use_amp else None
+    ema = tr.ema_model = ModelEMA(model, decay=cfg.ema_decay, tau=getattr(cfg, "ema_tau", 2000)) if cfg.ema else None
+    accumulate = tr._accum_steps
+    if mode == "graph":  # BaseTrainer: cuda_graph=True gives the manager; _forward_train asks the family for its spec
+        tr._cuda_graph_manager = TrainGraphManager(preserve_accumulated_grads=accumulate > 1)
+    elif mode != "eager":
+        raise SystemExit(f"unknown mode {mode!r}: eager or graph")
+    manager = getattr(tr, "_cuda_graph_manager", None)
+    clip = float(getattr(cfg, "clip_max_norm", 0.0))
+    # 1.6's D-FINE batch: RGB in [0, 1] as float32 (its transform runs on the host), targets padded to 120 rows
+    host_img = (rec["img"].permute(0, 3, 1, 2).float() / 255).contiguous()
+    t = _xywh_targets(rec)
+    host_t = torch.nn.functional.pad(t, (0, 0, 0, max(120 - t.shape[1], 0)))
+    if cuda:
+        host_img, host_t = host_img.pin_memory(), host_t.pin_memory()
+    n = 0
+
+    def step() -> None:  # DFINETrainer._train_epoch (accumulate 1) or _train_epoch_accum's body for one batch
+        nonlocal n
+        imgs = host_img.to(device, non_blocking=True)
+        targets = host_t.to(device, non_blocking=True)
+        if accumulate > 1 and n % accumulate == 0:
+            opt.zero_grad(set_to_none=True)
+        n += 1
+        with tr._autocast_context() if scaler is not None else nullcontext():
+            loss = tr._forward_train(imgs, targets, None)["total_loss"]
+        if accumulate == 1:
+            opt.zero_grad()
+        else:
+            loss = loss / accumulate
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if n % accumulate:
+            return
+        if clip > 0:
+            if scaler is not None:
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        if ema is not None:
+            ema.update(model)
+
+    extra = {"nbs": cfg.nbs, "amp": use_amp, "clip_max_norm": clip, "lr0": cfg.lr0, "weight_decay": cfg.weight_decay}
+    return step, manager, accumulate, extra
+
+
+def _xywh_targets(rec: dict) -> torch.Tensor:
+    """Our x1, y1, x2, y2 pixel targets as 1.6's (B, M, 5) class, centre x, y, width, height, zero rows padding."""
+    t = rec["targets"]
+    xywh = torch.cat((t[..., :1], (t[..., 1:3] + t[..., 3:5]) / 2, t[..., 3:5] - t[..., 1:3]), -1)
+    return torch.where(rec["mask"][..., None], xywh, 0.0)
 
 
 def _timed(step, steps: int, cuda: bool) -> tuple[list[float], float]:
@@ -165,16 +261,21 @@ def main() -> None:
     ap.add_argument(
         "--ly16", default=os.environ.get("LIBREYOLO16_DIR", ""), help="folder LibreYOLO 1.6 is installed in"
     )
-    ap.add_argument("--size", default="t", choices=("t", "s", "m", "l", "x"))
+    ap.add_argument("--deps", default=os.environ.get("LIBREYOLO16_DEPS", ""), help="more folders for the child (tqdm)")
+    ap.add_argument("--family", default="rtmdet", choices=tuple(SIZES))
+    ap.add_argument("--size", choices=("t", "n", "s", "m", "l", "x"), help="default: t for rtmdet, s for dfine")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=16)
-    ap.add_argument("--nbs", type=int, default=64)
+    ap.add_argument(
+        "--nbs", type=int, default=None, help="accumulate round(nbs / batch) (rtmdet: 64; dfine: 32; 0: none)"
+    )
     ap.add_argument("--modes", default="eager,graph")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    a.size = a.size or ("t" if a.family == "rtmdet" else "s")
     if a.child:
         child(a)
     elif not a.ly16:

@@ -2,8 +2,8 @@
 
 The parent saves the model's weights to a temporary file, resolves autobatch, and starts the workers with
 torch.multiprocessing (spawn). Each worker sets the variables torchrun would set (RANK, LOCAL_RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rebuilds the model from the saved weights and calls the ordinary
-`LibreYOLO.train`, which then finds itself in a distributed environment (distributed/context.py). When the
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rebuilds the model from the saved weights and calls `LibreYOLO.fit`, a
+process's part of a run, which finds itself in a distributed environment (distributed/context.py). When the
 run ends, rank 0's best checkpoint is loaded into the caller's model; the temporary folder goes whatever happens.
 
 GPU and CPU runs share all of this except device selection: LIBREYOLO_CPU_WORLD_SIZE=N with device=cpu starts
@@ -334,7 +334,7 @@ def _worker(index: int, job: _Job) -> None:
         model = job.model_class(job.weights)
         # an untrained model is rebuilt under the run's seed by the ordinary path, exactly as on one device
         model.source, model.trained = job.source, job.trained
-        metrics = model.train(**job.kwargs)
+        metrics = model.fit(job.kwargs)  # this rank's part: train() already planned the launch in the parent
     except LibreYOLOError as e:
         (folder / f"error-rank{index}.json").write_text(json.dumps({"type": type(e).__name__, "message": str(e)}))
         raise

@@ -125,25 +125,30 @@ class LibreYOLO:
     # --- actions ------------------------------------------------------------------------------------
     def train(self, data: str | None = None, **kwargs: Any) -> dict[str, float]:
         """Train; afterwards this object holds the best weights. Returns the best epoch's metrics."""
-        from libreyolo.engine.trainer import Trainer
-
         if data is not None:
             kwargs["data"] = data
         kwargs.setdefault("model", self.source)
         if self.pretrained is not None:  # LibreYOLO(name, pretrained=file): a key of the run (DDP workers, args.yaml)
             kwargs.setdefault("pretrained", str(self.pretrained))
-        user_keys = set(kwargs)
         cfg = TrainConfig.from_overrides(kwargs, family=self.family)
-        self._start = (cfg.pretrained if isinstance(cfg.pretrained, str) else None, cfg.freeze)  # for prepare_...
-        # several GPUs outside torchrun: one process per GPU (launch.py), each running this method
+        # several GPUs outside torchrun: one process per GPU (launch.py), each running fit()
         from libreyolo.launch import spawn_ddp_train, spawn_plan
 
-        plan = spawn_plan(cfg, user_keys)
-        if plan is not None:  # a worker's model.train explains its own out-of-memory error; the launcher re-raises
+        plan = spawn_plan(cfg, set(kwargs))
+        if plan is not None:  # a worker's fit() explains its own out-of-memory error; the launcher re-raises
             # it as a DeviceMemoryError naming the rank, which passes through here
             with oom.explained(lambda: oom.train_spec(self, cfg, kwargs.get("batch"))):
                 return spawn_ddp_train(self, kwargs, *plan)
-        trainer = Trainer(self, cfg, user_keys, run_extensions(cfg))
+        return self.fit(kwargs)
+
+    def fit(self, kwargs: dict[str, Any]) -> dict[str, float]:
+        """This process's part of a run, on the device the keys name: the whole run, or one rank's under torchrun
+        or the spawn launcher (launch.py calls this in each worker). kwargs: train()'s keys, completed by it."""
+        from libreyolo.engine.trainer import Trainer
+
+        cfg = TrainConfig.from_overrides(kwargs, family=self.family)
+        self._start = (cfg.pretrained if isinstance(cfg.pretrained, str) else None, cfg.freeze)  # for prepare_...
+        trainer = Trainer(self, cfg, set(kwargs), run_extensions(cfg))
         with oom.explained(lambda: oom.train_spec(self, trainer.cfg, kwargs.get("batch"))):
             metrics = trainer.train()
         self.adopt_run(trainer.s.run_dir, metrics)
