@@ -1,21 +1,46 @@
-"""LibreYOLO 1.6's RTMDet training step, timed the way `libreyolo bench step` times ours, on the same batch.
+"""LibreYOLO 1.6's RTMDet or D-FINE training step, timed the way `libreyolo bench step` times ours, on the same batch.
 
     pip install --no-deps --target /tmp/ly16 libreyolo==1.6.0 tqdm     # or LIBREYOLO16_DIR, as tests/test_weights16
     python benchmarks/libreyolo16_step.py --ly16 /tmp/ly16 --size t --batch 8 --imgsz 640 --modes eager,graph
+    python benchmarks/libreyolo16_step.py --ly16 /tmp/ly16 --family dfine --size s --batch 8 --imgsz 640
 
 Issue 52 asks for RTMDet-t's whole captured step beside 1.6's own step for the same model, measured in one call. 1.6
 is also named `libreyolo`, so it cannot be imported beside this project: this script makes `bench step`'s batch (the
-built-in shapes dataset, same seed) with this project, saves it, and runs itself again in a child process with only
-1.6 on the path, which times 1.6's step and prints one JSON line per mode.
+built-in shapes dataset, same seed, this project's augmentation for the family: mosaic for RTMDet, none for D-FINE)
+with this project, saves it, and runs itself again in a child process with only 1.6 on the path (--ly16, plus --deps
+for tqdm where it lies apart), which times 1.6's step and prints one JSON line per mode.
 
-What runs per step is the body of 1.6's trainer for one batch (BaseTrainer's forward through its CUDA-graph manager,
-RTMDetTrainer's loss, the scaled backward), and every `accumulate` = nbs / batch steps the optimizer step (unscale,
-scaler step and update, zero_grad, ModelEMA update; no clipping: RTMDetConfig sets none). `eager`: 1.6's plain step.
-`graph`: 1.6's `cuda_graph=True`, its TrainGraphManager capturing the network's forward and backward while the
-assigner and loss run eagerly (its RTMDetTrainer.cuda_graph_train_spec). Optimizer: AdamW at 0.004, weight decay
-0.05 on weights only (RTMDetConfig). Left out, in 1.6's favour: the data loader, the progress bar, the LR schedule's
-per-step update. Timing as `bench step`: each step between two CUDA events with a synchronisation after it (median,
-min), and the timed steps back to back (mean)."""
+RTMDet (--family rtmdet, the default; sizes t s m l x): what runs per step is the body of 1.6's trainer for one batch
+(BaseTrainer's forward through its CUDA-graph manager, RTMDetTrainer's loss, the scaled backward), and every
+`accumulate` = nbs / batch steps (nbs 64 unless --nbs) the optimizer step (unscale, scaler step and update, zero_grad,
+ModelEMA update; no clipping: RTMDetConfig sets none). `eager`: 1.6's plain step. `graph`: 1.6's `cuda_graph=True`,
+its TrainGraphManager capturing the network's forward and backward while the assigner and loss run eagerly (its
+RTMDetTrainer.cuda_graph_train_spec). Optimizer: AdamW at 0.004, weight decay 0.05 on weights only (RTMDetConfig).
+
+D-FINE (--family dfine; sizes n s m, those this project has; 1.6 has l and x too): the step is 1.6's own
+DFINETrainer methods on a trainer object made without its __init__: `_forward_train` (on_forward: the padded pixel
+targets to per-image normalised cx, cy, w, h dicts, LibreDFINEModel's forward with them, so the decoder builds its
+contrastive denoising queries (100, label noise 0.5, box noise 1.0) from them, then `build_criterion`'s DFINECriterion:
+Hungarian matching, VFL, L1, GIoU, FGL, DDF over the main, auxiliary, pre, encoder and denoising outputs), the
+backward, and the optimizer step of DFINETrainer._train_epoch: zero_grad, backward, gradient norm clipped to 0.1
+(clip_max_norm; unscaled first under AMP), optimizer step, ModelEMA update (decay 0.9999, tau 2000) - every step when
+nbs is unset, which is 1.6's DFINEConfig default (--nbs 0); by default nbs is 32, ours for D-FINE, and 1.6 then runs
+_train_epoch_accum's body: zero_grad at the window's start, loss / accumulate, the clip, step and EMA once per window.
+Optimizer: DFINETrainer._setup_optimizer's AdamW (betas 0.9, 0.999; fused on CUDA via 1.6's build_optimizer) at 2e-4,
+weight decay 1e-4, four groups: backbone at 0.5x lr, and no decay on names holding norm, bn, bias or lab.scale. AMP:
+DFINEConfig's amp=True, float16 with a GradScaler, on CUDA only (as BaseTrainer; float32 on a CPU). The network is built
+as when 1.6 fine-tunes from weights, its HGNetv2 stem frozen (pretrained=False would train it too); the batch is RGB in
+[0, 1] as float32 with targets padded to 120 rows, copied to the device every step as 1.6's loader hands it over.
+`eager`: 1.6's plain step. `graph`: 1.6's `cuda_graph=True`: DETREncoderCudaGraphMixin.cuda_graph_train_spec, the
+backbone and encoder captured by its TrainGraphManager while the decoder (its denoising queries change with the boxes
+per image) and the criterion run eagerly. 1.6's D-FINE cannot run below 128 px (s, m) or 256 px (n): its encoder
+keeps 300 top tokens, and the script says so rather than crash.
+
+Left out, in 1.6's favour, for both: the data loader (and D-FINE's multi-scale collate, its per-batch resize), the
+progress bar and the per-step loss logging (D-FINE: `.item()` of the total and each term), the LR schedule's per-step
+update. Timing as `bench step`: each step between two CUDA events with a synchronisation after it (median, min), and
+the timed steps back to back (mean). Each JSON line names the model (family and size), mode, batch, imgsz, accumulate
+and the figures; a D-FINE line adds nbs, amp, clip_max_norm, lr0 and weight_decay."""
 
 from __future__ import annotations
 
@@ -134,7 +159,9 @@ def _rtmdet_step(a: argparse.Namespace, rec: dict, device: torch.device, mode: s
             labels.append(tb[:, 0].long())
         return loss_fn(cls_scores, bbox_preds, boxes, labels)
 
-    spec = CudaGraphTrainSpec(network=network, assemble=lambda flat, i, tg, p=None: loss_from_head(*network.rebuild(flat)))
+    spec = CudaGraphTrainSpec(
+        network=network, assemble=lambda flat, i, tg, p=None: loss_from_head(*network.rebuild(flat))
+    )
     n = 0
 
     def step() -> None:
@@ -176,7 +203,9 @@ def _dfine_step(a: argparse.Namespace, rec: dict, device: torch.device, mode: st
     tr.model = model = LibreDFINEModel(a.size, rec["nc"]).to(device).train()  # as from weights: stem frozen
     dec = model.decoder  # its encoder picks num_queries tokens out of every level's cells (topk: at least that many)
     if sum(((a.imgsz + st - 1) // st) ** 2 for st in dec.feat_strides) < dec.num_queries:
-        raise SystemExit(f"1.6's D-FINE-{a.size} cannot train at {a.imgsz} px: fewer tokens than its {dec.num_queries} queries")
+        raise SystemExit(
+            f"1.6's D-FINE-{a.size} cannot train at {a.imgsz} px: fewer tokens than its {dec.num_queries} queries"
+        )
     tr.criterion = tr.build_criterion()
     tr.optimizer = opt = tr._setup_optimizer()  # AdamW, {backbone x0.5, head} x {decay, no decay}, fused on CUDA
     use_amp = cfg.amp and cuda  # BaseTrainer: AMP (and its scaler) on CUDA only
