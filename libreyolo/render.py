@@ -158,34 +158,34 @@ class RichRenderer:
 
     def _on_checkpoint(self, e: ev.Checkpoint) -> None:
         if e.kind in ("best", "interrupt"):
-            self.console.print(f"  [dim]saved {e.kind} -> {e.path}[/]")
+            self.console.print(f"  [dim]saved {e.kind} -> {escape(e.path)}[/]")
 
     def _on_amp(self, e: ev.Amp) -> None:
         if e.epoch is None or e.skipped_steps:
-            self.console.print(f"  amp: {e.reason}")
+            self.console.print(f"  amp: {escape(e.reason)}")
 
     def _on_graph(self, e: ev.Graph) -> None:
         extra = f" (+{e.delta_allocated_mb:.0f} MB allocated)" if e.delta_allocated_mb is not None else ""
-        self.console.print(f"  cuda_graph {e.action}: {e.reason}{extra}")
+        self.console.print(f"  cuda_graph {e.action}: {escape(e.reason)}{extra}")
 
     def _on_profile(self, e: ev.Profile) -> None:
         self.close()
-        self.console.print(f"[bold]profile verdict: {e.verdict}[/] - {e.why}")
+        self.console.print(f"[bold]profile verdict: {e.verdict}[/] - {escape(e.why)}")
         for lever in e.levers:
-            self.console.print(f"  - {lever}")
+            self.console.print(f"  - {escape(lever)}")
         for name, path in e.artifacts.items():
-            self.console.print(f"  {name}: {path}")
+            self.console.print(f"  {name}: {escape(str(path))}")
 
     def _on_vram(self, e: ev.Vram) -> None:
         pass  # shown by the console; the bar already carries current memory
 
     def _on_warning(self, e: ev.WarningEvent) -> None:
         self.close()
-        self.console.print(f"[yellow]warning:[/] {e.message}")
+        self.console.print(f"[yellow]warning:[/] {escape(e.message)}")
 
     def _on_error(self, e: ev.ErrorEvent) -> None:
         self.close()
-        self.console.print(f"[red]error:[/] {e.message}")
+        self.console.print(f"[red]error:[/] {escape(e.message)}")
 
     def _on_run_end(self, e: ev.RunEnd) -> None:
         self.close()
@@ -195,9 +195,9 @@ class RichRenderer:
         if self._best is not None:
             self._print_per_class(self._best[1], e)
         if e.best:
-            self.console.print(f"  best {e.best}")
+            self.console.print(f"  best {escape(e.best)}")
         if e.last:
-            self.console.print(f"  last {e.last}")
+            self.console.print(f"  last {escape(e.last)}")
 
     def _print_per_class(self, v: ev.Val, end: ev.RunEnd) -> None:
         """The per-class table of the best validation this process saw: best.pt's, unless a resumed run's best came

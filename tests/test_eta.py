@@ -110,3 +110,17 @@ def test_the_console_s_progress_line_uses_the_same_estimate():
         seen.append(str(panel.render()).splitlines()[0])
     assert all(line.endswith("ETA " + ESTIMATING) for line in seen[:6]), seen
     assert seen[-1].endswith("ETA 3-4 min")
+
+
+def test_the_renderer_prints_messages_and_paths_with_brackets_as_they_are():
+    """Text from outside (a Gloo error names its source as `[/__w/.../pair.cc:561]`, a file may be `img[1].jpg`)
+    is printed literally: read as rich markup, the closing tag stopped the run's error report with a MarkupError."""
+    out = io.StringIO()
+    r = RichRenderer(plain=True, console=Console(file=out, width=300))
+    gloo = "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed"
+    r(ev.ErrorEvent(gloo))
+    r(ev.WarningEvent("skipped unreadable image data/[red]img[1].jpg"))
+    r(ev.Checkpoint(path="runs/[b]/weights/best.pt", kind="best", epoch=1, step=0))
+    text = out.getvalue()
+    assert "error: " + gloo in text and "warning: skipped unreadable image data/[red]img[1].jpg" in text
+    assert "saved best -> runs/[b]/weights/best.pt" in text
