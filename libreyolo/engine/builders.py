@@ -29,6 +29,7 @@ from libreyolo.data.loader import (
     val_loader,
 )
 from libreyolo.distributed import context as distributed
+from libreyolo.distributed import elastic
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import passes
 from libreyolo.engine.bytecode import uncached_bytecode_note
@@ -242,6 +243,7 @@ def make_run_dir(
         run_dir = dist.broadcast(increment_run_dir(cfg.project, cfg.name, cfg.exist_ok) if dist.is_main else None)
     if dist.is_main:
         open_run_dir(run_dir, cfg.to_dict(), net, str(cfg.resume) if ckpt is not None else None, notes)
+        elastic.mark(run_dir)  # under torchrun: a restart of the job continues this folder (distributed/elastic.py)
     return run_dir
 
 

@@ -22,6 +22,7 @@ from libreyolo.data.loader import (
     release_workers,
 )
 from libreyolo.distributed import context as distributed
+from libreyolo.distributed import elastic
 from libreyolo.distributed.context import DistContext
 from libreyolo.engine import autobatch, optim
 from libreyolo.engine import builders as B
@@ -271,10 +272,19 @@ def resolve_resume(
 ) -> tuple[TrainConfig, dict[str, Any] | None]:
     """resume=: the run's config comes from its last.pt (but for RESUME_OVERRIDABLE keys the user set) and the model
     takes its weights. -> (the run's config, the checkpoint, or None for a new run)."""
+    restarted = None if cfg.resume else elastic.restarted_run(cfg.project)
+    if restarted is not None:  # torchrun restarted the group: continue the job's run where its last.pt is
+        if not (restarted / "weights" / "last.pt").exists():  # it failed before its first save: start it again there
+            cfg.name, cfg.exist_ok = restarted.name, True
+            return cfg, None
+        cfg.resume = str(restarted / "weights" / "last.pt")
     if not cfg.resume:
         return cfg, None
     path = resolve_resume_path(cfg)
     ckpt = load_resumable(path)  # the previous last.pt where this one cannot be read
+    if restarted is not None:
+        attempt = f"torchrun restarted the job (attempt {elastic.restart_count() + 1})"
+        ckpt["notes"].append(f"{attempt}: resuming its run {restarted} from epoch {ckpt['epoch'] + 1}")
     if "train" not in ckpt:
         raise CheckpointError(f"{path} holds weights only (no train state); resume needs a run's weights/last.pt")
     args = dict(ckpt["train_args"])
