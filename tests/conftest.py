@@ -126,7 +126,8 @@ def overfit_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # settings that make a CPU run short and free of randomness that tests do not control
-FAST = dict(imgsz=64, batch=8, workers=0, warmup_epochs=0, device="cpu", val=True)
+# plots off: drawing them costs ~1.2 s of each CPU run; tests/test_plots.py and the picture tests turn them on
+FAST = dict(imgsz=64, batch=8, workers=0, warmup_epochs=0, device="cpu", val=True, plots=False)
 # no augmentation at all: the over-fit tests train on the images as they are
 NO_AUG = dict(mosaic=0, degrees=0, shear=0, scale=0, translate=0, fliplr=0, hsv_h=0, hsv_s=0, hsv_v=0)
 

@@ -144,7 +144,7 @@ def test_train_writes_the_rows_for_best_and_final_validations_and_prints_the_bes
     from libreyolo import LibreYOLO
 
     m = LibreYOLO("LibreYOLO9t")
-    m.train(data=str(tiny_data), project=str(tmp_path), epochs=3, plots=False, **FAST)
+    m.train(data=str(tiny_data), project=str(tmp_path), epochs=3, **FAST)
     vals = [d for d in ev.read_events(m.last_run / "events.jsonl") if d["type"] == "val"]
     assert len(vals) == 3
     fitness = [0.1 * v["metrics"]["map50"] + 0.9 * v["metrics"]["map"] for v in vals]
