@@ -134,3 +134,44 @@ def test_an_events_file_left_with_half_a_line_is_cut_back_when_opened_again(tmp_
     w.write(Heartbeat(epoch=0, step=1, pid=1))
     w.close()
     assert [e["type"] for e in _whole_lines(path)] == ["heartbeat", "heartbeat"]
+
+
+def test_a_project_folder_short_of_three_checkpoints_gets_a_warning_at_the_start(tiny_data, tmp_path, monkeypatch):
+    """Less free space than three checkpoints (last.pt, the previous last.pt, best.pt): a warning before the first
+    step names the folder, the space and a checkpoint's size; the run still trains (the disk may be freed)."""
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    short = usage._replace(free=40 * 2**20)  # 40 MB: a LibreYOLO9t last.pt is ~36 MB
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: short)
+    from libreyolo import LibreYOLO
+    from libreyolo.events import read_events
+
+    m = LibreYOLO("LibreYOLO9t")
+    m.train(data=str(tiny_data), project=str(tmp_path), epochs=1, imgsz=64, batch=8, workers=0, device="cpu",
+            plots=False)  # fmt: skip
+    events = list(read_events(m.last_run / "events.jsonl"))
+    said = [e["message"] for e in events if e["type"] == "warning" and "less than three checkpoints" in e["message"]]
+    assert len(said) == 1 and said[0].startswith(f"{m.last_run} has 40 MB free, less than three checkpoints")
+    assert events.index(next(e for e in events if e["type"] == "step")) > events.index(
+        next(e for e in events if e.get("message") == said[0])
+    )
+    assert events[-1]["status"] == "finished"
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage._replace(free=10 * 2**30))
+    assert checkpoint.low_space_note(tmp_path, 36 * 2**20) is None
+
+
+def test_a_last_pt_outside_a_weights_folder_is_refused_with_where_to_put_it(tiny_data, tmp_path):
+    from libreyolo import LibreYOLO
+
+    def stop(e):  # Ctrl-C after the first of two epochs: an unfinished run
+        if e.type == "epoch_end":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        LibreYOLO("LibreYOLO9t").train(data=str(tiny_data), project=str(tmp_path), epochs=2, imgsz=64, batch=8,
+                                       workers=0, device="cpu", plots=False, val=False, callbacks=[stop])  # fmt: skip
+    loose = tmp_path / "last.pt"
+    os.replace(tmp_path / "exp" / "weights" / "last.pt", loose)
+    with pytest.raises(CheckpointError, match=r"is not in a run folder's weights/ .*put it at RUN/weights/last.pt"):
+        LibreYOLO(loose).train(resume=str(loose))
