@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from libreyolo.families.dfine.fdr import distances_to_boxes, expectation, weighting
-from libreyolo.families.rtdetr.decoder import MLP, PRIOR_PROB, DecoderLayer, select_queries
+from libreyolo.families.rtdetr.decoder import MLP, PRIOR_PROB, DecoderLayer, init_box_heads_and_queries, select_queries
 from libreyolo.families.rtdetr.denoising import DenoisingGroups, inverse_sigmoid
 
 
@@ -73,17 +73,8 @@ class DfineDecoder(nn.Module):
         bias = -math.log((1 - PRIOR_PROB) / PRIOR_PROB)
         for head in (self.enc_score_head, *self.score_heads):
             nn.init.constant_(head.bias, bias)
-        for mlp in (self.enc_bbox_head, self.pre_bbox_head, *self.bbox_heads):  # boxes start at their references
-            last = mlp.layers[-1]
-            assert isinstance(last, nn.Linear)
-            nn.init.zeros_(last.weight)
-            nn.init.zeros_(last.bias)
-        enc_linear = self.enc_output[0]
-        assert isinstance(enc_linear, nn.Linear)
-        nn.init.xavier_uniform_(enc_linear.weight)
-        for lin in self.query_pos_head.layers:
-            assert isinstance(lin, nn.Linear)
-            nn.init.xavier_uniform_(lin.weight)
+        heads = (self.enc_bbox_head, self.pre_bbox_head, *self.bbox_heads)
+        init_box_heads_and_queries(heads, self.enc_output, self.query_pos_head)
 
     def forward(
         self, feats: list[torch.Tensor], dn: DenoisingGroups | None = None

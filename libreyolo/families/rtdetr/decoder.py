@@ -78,6 +78,22 @@ class DecoderLayer(nn.Module):
         return self.norm3(tgt.clamp(-65504.0, 65504.0) if self.gated else tgt)
 
 
+def init_box_heads_and_queries(box_heads: tuple[MLP, ...], enc_output: nn.Sequential, query_pos_head: MLP) -> None:
+    """The box refinements start at zero (boxes = their references); the encoder's output projection and the query
+    position head get Xavier-uniform weights (RT-DETR's and D-FINE's initialisation)."""
+    for mlp in box_heads:
+        last = mlp.layers[-1]
+        assert isinstance(last, nn.Linear)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+    enc_linear = enc_output[0]
+    assert isinstance(enc_linear, nn.Linear)
+    nn.init.xavier_uniform_(enc_linear.weight)
+    for lin in query_pos_head.layers:
+        assert isinstance(lin, nn.Linear)
+        nn.init.xavier_uniform_(lin.weight)
+
+
 def make_anchors(
     shapes: list[tuple[int, int]], device: torch.device, base: float = 0.05, eps: float = 0.01
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,15 +168,7 @@ class Decoder(nn.Module):
         bias = -math.log((1 - PRIOR_PROB) / PRIOR_PROB)
         for head in (self.enc_score_head, *self.score_heads):
             nn.init.constant_(head.bias, bias)
-        for mlp in (self.enc_bbox_head, *self.bbox_heads):  # refinements start at zero: boxes = references
-            nn.init.zeros_(mlp.layers[-1].weight)
-            nn.init.zeros_(mlp.layers[-1].bias)
-        enc_linear = self.enc_output[0]
-        assert isinstance(enc_linear, nn.Linear)
-        nn.init.xavier_uniform_(enc_linear.weight)
-        for lin in self.query_pos_head.layers:
-            assert isinstance(lin, nn.Linear)
-            nn.init.xavier_uniform_(lin.weight)
+        init_box_heads_and_queries((self.enc_bbox_head, *self.bbox_heads), self.enc_output, self.query_pos_head)
 
     def forward(
         self, feats: list[torch.Tensor], dn: DenoisingGroups | None = None
