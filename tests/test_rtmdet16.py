@@ -5,14 +5,11 @@ read again to the same weights."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_weights16 import assert_same_boxes, libreyolo16  # noqa: F401  (a fixture)
+from test_weights16 import assert_same_boxes, libreyolo16, run_reference  # noqa: F401  (a fixture)
 
 from libreyolo import LibreYOLO
 from libreyolo.errors import CheckpointError
@@ -22,14 +19,7 @@ REF_SCRIPT = Path(__file__).with_name("rtmdet_ref16.py")
 
 
 def reference(folder: Path, size: str, nc: int, out: Path) -> dict[str, torch.Tensor]:
-    torch.save(torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(3)), out / "x.pt")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(folder), str(REF_SCRIPT.parent)))}
-    got = subprocess.run(
-        [sys.executable, str(REF_SCRIPT), size, str(nc), str(out)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=out,
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr[-2000:]
-    return torch.load(out / "reference.pt", weights_only=True)
+    return run_reference(REF_SCRIPT, folder, [size, str(nc), str(out)], out)
 
 
 @pytest.mark.parametrize("size", ["t", "m"])  # a distance head (t) and an exp-distance head (m)

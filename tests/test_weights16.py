@@ -67,12 +67,17 @@ def reference(
     px: int = 64,
 ) -> dict[str, torch.Tensor]:
     """Run 1.6 on a fixed input (two px x px images, RGB in 0..1) and return its outputs; its files land in out."""
+    return run_reference(REF_SCRIPT, folder, [family, size, str(nc), str(out), device, dtype], out, px)
+
+
+def run_reference(script: Path, folder: Path, args: list[str], out: Path, px: int = 64) -> dict[str, torch.Tensor]:
+    """A reference script of tests/ run with 1.6 (in `folder`) on the fixed input it finds in out/x.pt; -> what it
+    saved in out/reference.pt."""
     torch.save(torch.rand(2, 3, px, px, generator=torch.Generator().manual_seed(3)), out / "x.pt")
-    env = {**os.environ, "PYTHONPATH": str(folder)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(folder), str(script.parent)))}
     got = subprocess.run(
-        [sys.executable, str(REF_SCRIPT), family, size, str(nc), str(out), device, dtype],
-        capture_output=True, text=True, timeout=300, env=env, cwd=out,
-    )  # fmt: skip
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, env=env, cwd=out
+    )
     assert got.returncode == 0, got.stderr[-2000:]
     return torch.load(out / "reference.pt", weights_only=True)
 
