@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from libreyolo.distributed import elastic
 from libreyolo.distributed.device import parse_device, torchrun_env
 from libreyolo.errors import ConfigError
 
@@ -183,7 +184,10 @@ def start(device_spec: str) -> tuple[torch.device, DistContext]:
     backend = "nccl" if device.type == "cuda" and dist.is_nccl_available() else "gloo"
     owns = not dist.is_initialized()
     if owns:
-        kw = {"device_id": device} if backend == "nccl" else {}
+        kw: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+        store = elastic.attempt_store(PROCESS_GROUP_TIMEOUT)  # torchrun: keys of this attempt only
+        if store is not None:
+            kw.update(store=store, rank=env["rank"], world_size=env["world_size"])
         dist.init_process_group(backend, timeout=PROCESS_GROUP_TIMEOUT, **kw)
     else:
         backend = dist.get_backend()

@@ -11,7 +11,10 @@ explicit `--rdzv-id` as an old job is a new job: its attempt 0 never looks."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
+
+import torch.distributed as dist
 
 RUN_ID_ENV, RESTART_ENV = "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"
 MARKER = ".elastic-run-id"
@@ -50,3 +53,15 @@ def restarted_run(project: str | os.PathLike[str]) -> Path | None:
         except OSError:
             continue
     return max(found)[1] if found else None
+
+
+def attempt_store(timeout: timedelta) -> dist.Store | None:
+    """Under torchrun: the job's store (torch's env:// rendezvous) seen through a prefix of this attempt, None
+    outside torchrun. The store outlives an attempt, and an attempt that keys its process group as the last one did
+    reads the dead workers' addresses: a restarted Gloo group then failed to connect ("connectFullMesh ... Connection
+    refused"), seen in one of two restarts on this project's CPU machine. Every worker of one node has the same
+    attempt number; across nodes torch counts a restart only where a worker failed (docs/multi-gpu.md)."""
+    if job_id() is None:
+        return None
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    return dist.PrefixStore(f"libreyolo/attempt-{restart_count()}", store)
