@@ -90,4 +90,6 @@ class EpochTable(DataTable[str]):
         for row in shown:
             self.add_row(*row)
         if follow and rows:
-            self.move_cursor(row=len(rows) - 1)
+            # after the refresh that lays the new rows out, so the scroll that keeps it in view is computed from
+            # the rows' real layout (CI once drew this table one row further scrolled than recorded; not reproduced)
+            self.call_after_refresh(self.move_cursor, row=len(rows) - 1)
