@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from faster_coco_eval import COCO, COCOeval_faster
 
+from libreyolo import forked
 from libreyolo.eval import coco
 from libreyolo.eval.coco import CocoAccumulator, EvalProcess
 
@@ -145,18 +146,19 @@ def _gone(pid: int) -> bool:
     "make",
     [
         "p = coco.EvalProcess(); p.start(); pids = list(p._pool._processes)",  # the kept child
-        "p = coco.forked_pool(2); [f.result() for f in [p.submit(int) for _ in range(4)]]; pids = list(p._processes)",
+        "p = forked.forked_pool(2); [f.result() for f in [p.submit(int) for _ in range(4)]]; pids = list(p._processes)",
     ],
 )
 def test_evaluation_children_end_when_their_parent_dies_without_closing_them(make):
     # a parent killed or ended by os._exit never shuts its pool down: its children must not wait for work forever
-    script = f"import os\nfrom libreyolo.eval import coco\n{make}\nprint(*pids, flush=True)\nos._exit(0)\n"
+    imports = "import os\nfrom libreyolo import forked\nfrom libreyolo.eval import coco\n"
+    script = f"{imports}{make}\nprint(*pids, flush=True)\nos._exit(0)\n"
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:
         assert parent.stdout is not None
         children = [int(pid) for pid in parent.stdout.readline().split()]
         assert parent.wait(timeout=60) == 0
     assert children
-    deadline = time.monotonic() + 10 * coco.PARENT_CHECK_S + 5
+    deadline = time.monotonic() + 10 * forked.PARENT_CHECK_S + 5
     while not all(map(_gone, children)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(map(_gone, children)), f"evaluation children {children} outlived their parent"

@@ -1,9 +1,12 @@
 """The pictures a run leaves in its folder (libreyolo/plots): every plot of a detection run and of a classifier run
 exists, opens as an image of a sensible size and is not blank; plots=false writes none; the writer keeps only the
-first three batches of the first epoch, goes on without matplotlib (one warning) and never fails the run."""
+first three batches of the first epoch, goes on without matplotlib (one warning) and never fails the run; the
+training process itself never draws (a forked child does, or the writer's thread where the child died)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
@@ -129,3 +132,30 @@ def test_disabled_writer_does_nothing(tmp_path: Path) -> None:
     w.validation(0, {"map50": 0.0, "curves": None, "boxes": None})
     w.close()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the drawing child is forked on Linux only")
+def test_the_training_process_never_draws_the_child_does(plot_data: Path, tmp_path: Path) -> None:
+    # matplotlib holds the interpreter lock while it draws: in the training process it would hold up the loop
+    script = (
+        "import sys\nfrom libreyolo import LibreYOLO\n"
+        f"m = LibreYOLO('LibreYOLO9t')\nm.train(data={str(plot_data)!r}, project={str(tmp_path)!r}, epochs=1, "
+        "imgsz=64, batch=4, workers=0, device='cpu', warmup_epochs=0)\n"
+        "print('matplotlib' in sys.modules, m.last_run)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported, run = out.stdout.split()[-2:]
+    assert imported == "False"
+    assert_pictures(Path(run), ["results.png", "PR_curve.png", "labels.jpg", "train_batch0.jpg", "val_batch0_pred.jpg"])
+
+
+def test_a_child_that_died_leaves_the_drawing_to_the_thread(tmp_path: Path) -> None:
+    w = PlotWriter(tmp_path, ["a", "b"], "detect", epochs=3, child=True)
+    assert w._pool is not None
+    for p in w._pool._processes.values():  # the child dies before the first job reaches it
+        p.kill()
+        p.join()
+    w.train_batch(0, *_batch())
+    w.close()
+    assert_pictures(tmp_path, ["train_batch0.jpg"])

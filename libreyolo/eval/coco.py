@@ -23,10 +23,7 @@ Costs measured on the 2-core CPU machine (docs/performance.md) and what follows 
 from __future__ import annotations
 
 import gc
-import multiprocessing
-import os
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -34,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from libreyolo.eval.perclass import curves, per_class_table
+from libreyolo.forked import forked_pool
 
 MAX_DETS = 100  # per image and class, as COCO's headline mAP
-PARENT_CHECK_S = 0.5  # how often an evaluation child looks whether its parent still lives
 PARALLEL_MIN_DETECTIONS = 200_000  # below this, starting processes costs more than it saves
 
 
@@ -208,28 +205,6 @@ class EvalProcess:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-def forked_pool(workers: int) -> ProcessPoolExecutor:
-    """Evaluation children, forked: they only run numpy and faster-coco-eval, and spawn would re-import the caller's
-    script. Each ends itself once this process is gone (_end_with)."""
-    fork = multiprocessing.get_context("fork")
-    return ProcessPoolExecutor(workers, fork, initializer=_end_with, initargs=(os.getpid(),))
-
-
-def _end_with(parent: int) -> None:
-    """An evaluation child's initializer: a thread that ends the process once `parent` is gone. An executor's worker
-    waits for work without a timeout and only its parent's executor tells it to stop: a parent that died without
-    shutting it down would leave it waiting forever, holding the parent's stdout (a shell's `| tail` would never
-    return). Not PR_SET_PDEATHSIG: that fires when the forking thread ends, and the fork may come from a validation
-    thread."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK_S)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="libreyolo-parent-watch", daemon=True).start()
 
 
 def clip_to_images(rows: np.ndarray, images: np.ndarray) -> np.ndarray:

@@ -16,11 +16,10 @@ MAX_LEGEND = 10  # classes named in a curve's legend; more are drawn unnamed
 
 
 def available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether matplotlib is installed, without importing it (the training process never draws: plots/writer.py)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _figure(w: float, h: float, tight: bool = True) -> Any:

@@ -1,5 +1,6 @@
-"""What the plot writer's thread runs: one job per picture or group of pictures, each a function of host arrays
-(and, for the validation mosaics, the validation dataset they reload their images from)."""
+"""The plot writer's jobs, one per picture or group of pictures. The `*_job` functions draw: each takes host arrays
+only, so it can run in the writer's child process. host_arrays, val_samples and misclassified gather those arrays
+on the writer's thread (they wait on CUDA copies or read this process's validation dataset)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,16 @@ def to_host(tensors: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
     return tuple(out), ready
 
 
-def train_batch_job(host: tuple[Any, ...], ready: Any, names: list[str], task: str, path: Path) -> None:
+def host_arrays(host: tuple[Any, ...], ready: Any) -> tuple[np.ndarray, ...]:
+    """to_host's copies as numpy arrays, once they have landed (run on the writer's thread: it waits on CUDA)."""
     if ready is not None:
         ready.synchronize()
-    img, targets, mask = (t.numpy() for t in host)
+    return tuple(t.numpy() for t in host)
+
+
+def train_batch_job(
+    img: np.ndarray, targets: np.ndarray, mask: np.ndarray, names: list[str], task: str, path: Path
+) -> None:
     img = img[:MAX_TILES]
     rows = [targets[b][mask[b].astype(bool)] for b in range(len(img))]
     if task == "classify":  # the class is the whole image's: a title, not a box
@@ -47,31 +54,19 @@ def labels_job(labels: list[np.ndarray], names: list[str], path: Path) -> None:
     figures.labels_plot(labels, names, path)
 
 
-def detect_job(
-    result: dict[str, Any],
-    names: list[str],
-    val_dataset: Any,
-    val_batch: int,
-    batches: int,
-    run_dir: Path,
-    mpl: bool,
-) -> None:
-    """The PR, F1, P and R curves, the confusion matrices (counts and normalised), and val_batchN_labels.jpg /
-    _pred.jpg of the first `batches` validation batches."""
-    boxes = result.get("boxes")
-    if mpl and result.get("curves") is not None:
-        c = result["curves"]
-        figures.pr_curve(c, names, float(result.get("map50", 0.0)), run_dir / "PR_curve.png")
-        for key, label, name in (("f1", "F1", "F1_curve"), ("p", "Precision", "P_curve"), ("r", "Recall", "R_curve")):
-            figures.conf_curve(c, names, key, label, run_dir / f"{name}.png")
-    if mpl and boxes is not None:
-        cm = confusion_matrix(boxes["images"], boxes["gt"], boxes["dt"], len(names))
-        figures.confusion(cm, names, False, run_dir / "confusion_matrix.png")
-        figures.confusion(cm, names, True, run_dir / "confusion_matrix_normalized.png")
+Samples = list[tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]]
+
+
+def val_samples(result: dict[str, Any], val_dataset: Any, val_batch: int, batches: int) -> Samples:
+    """The first `batches` validation batches as the network saw them: per batch the images, their labels and the
+    predictions from PRED_CONF on, (n, 5) and (n, 6) rows in the images' pixels. Read on the writer's thread (the
+    dataset may be a RAM cache of this process)."""
     if val_dataset is None:
-        return
+        return []
+    boxes = result.get("boxes")
     dt = boxes["dt"] if boxes is not None else np.zeros((0, 7))
     dt = dt[dt[:, 6] >= PRED_CONF]
+    out: Samples = []
     for b in range(batches):
         ids = range(b * val_batch, min(b * val_batch + min(val_batch, MAX_TILES), len(val_dataset)))
         if not len(ids):
@@ -86,30 +81,67 @@ def detect_job(
             mine = dt[dt[:, 0] == i]  # image id, class, x1, y1, x2, y2, score in original pixels
             xyxy = mine[:, 2:6] * item["scale"] + np.tile(np.asarray(item["pad"], np.float64), 2)
             preds.append(np.column_stack([mine[:, 1], xyxy, mine[:, 6]]))
+        out.append((imgs, labels, preds))
+    return out
+
+
+def detect_job(
+    curves: dict[str, Any] | None,
+    map50: float,
+    boxes: dict[str, np.ndarray] | None,
+    names: list[str],
+    samples: Samples,
+    run_dir: Path,
+    mpl: bool,
+) -> None:
+    """The PR, F1, P and R curves, the confusion matrices (counts and normalised), and val_batchN_labels.jpg /
+    _pred.jpg of the samples (val_samples)."""
+    if mpl and curves is not None:
+        figures.pr_curve(curves, names, map50, run_dir / "PR_curve.png")
+        for key, label, name in (("f1", "F1", "F1_curve"), ("p", "Precision", "P_curve"), ("r", "Recall", "R_curve")):
+            figures.conf_curve(curves, names, key, label, run_dir / f"{name}.png")
+    if mpl and boxes is not None:
+        cm = confusion_matrix(boxes["images"], boxes["gt"], boxes["dt"], len(names))
+        figures.confusion(cm, names, False, run_dir / "confusion_matrix.png")
+        figures.confusion(cm, names, True, run_dir / "confusion_matrix_normalized.png")
+    for b, (imgs, labels, preds) in enumerate(samples):
         write_jpg(mosaic(imgs, labels, names), run_dir / f"val_batch{b}_labels.jpg")
         write_jpg(mosaic(imgs, preds, names), run_dir / f"val_batch{b}_pred.jpg")
 
 
-def classify_job(result: dict[str, Any], names: list[str], val_dataset: Any, run_dir: Path, mpl: bool) -> None:
-    """A classifier's confusion matrices (no background: every image gets a class), topk.png, and misclassified.jpg
-    (up to MAX_TILES validation images whose best guess was wrong, titled 'true > predicted')."""
-    if "pred" not in result:
-        return
+def misclassified(result: dict[str, Any], names: list[str], val_dataset: Any) -> tuple[list[np.ndarray], list[str]]:
+    """Up to MAX_TILES validation images whose best guess was wrong and their titles 'true > predicted', read on the
+    writer's thread."""
+    if "pred" not in result or val_dataset is None:
+        return [], []
     label, pred, index = (np.asarray(result[k], np.int64) for k in ("label", "pred", "index"))
+    imgs, titles = [], []
+    for j in np.flatnonzero(label != pred)[:MAX_TILES]:
+        item = val_dataset[int(index[j])]
+        if item["img"] is not None:
+            imgs.append(item["img"])
+            titles.append(f"{names[label[j]]} > {names[pred[j]]}")
+    return imgs, titles
+
+
+def classify_job(
+    label: np.ndarray,
+    pred: np.ndarray,
+    topk: list[float],
+    names: list[str],
+    wrong: tuple[list[np.ndarray], list[str]],
+    run_dir: Path,
+    mpl: bool,
+) -> None:
+    """A classifier's confusion matrices (no background: every image gets a class), topk.png, and misclassified.jpg
+    (the misclassified images, titled)."""
     nc = len(names)
     if mpl:
         cm = np.zeros((nc, nc), np.int64)
         np.add.at(cm, (label, pred), 1)
         figures.confusion(cm, names, False, run_dir / "confusion_matrix.png", background=False)
         figures.confusion(cm, names, True, run_dir / "confusion_matrix_normalized.png", background=False)
-        figures.topk_plot(list(result["topk"]), run_dir / "topk.png")
-    wrong = np.flatnonzero(label != pred)[:MAX_TILES]
-    if val_dataset is None or not len(wrong):
-        return
-    imgs, titles = [], []
-    for j in wrong:
-        item = val_dataset[int(index[j])]
-        if item["img"] is not None:
-            imgs.append(item["img"])
-            titles.append(f"{names[label[j]]} > {names[pred[j]]}")
-    write_jpg(mosaic(imgs, [np.zeros((0, 5))] * len(imgs), names, titles), run_dir / "misclassified.jpg")
+        figures.topk_plot(list(topk), run_dir / "topk.png")
+    imgs, titles = wrong
+    if imgs:
+        write_jpg(mosaic(imgs, [np.zeros((0, 5))] * len(imgs), names, titles), run_dir / "misclassified.jpg")

@@ -1,5 +1,9 @@
 """PlotWriter: the one object the training loop hands its plot material to, writing every picture of the run
-folder on a background thread of its own, never on the loop's path.
+folder off the loop's path: a thread of its own gathers each job's arrays (it waits on the device copies and reads
+the validation images), and a kept child process, forked at the start (libreyolo/forked.py), draws and encodes. The
+drawing is matplotlib and numpy code that holds the interpreter lock for most of its time (labels.jpg 0.3-0.8 s,
+results.png and the curves more): on a thread of the training process it would hold up the loop, which needs the
+lock to queue each step. Where fork is not safe (not Linux) or the child died, the thread draws.
 
 The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of
 the first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with
@@ -11,15 +15,19 @@ are still written and `warn` says which plots are not."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from libreyolo.forked import can_fork, forked_pool
 from libreyolo.plots import figures
 from libreyolo.plots import jobs as J
 
@@ -49,12 +57,14 @@ class PlotWriter:
         val_batch: int = 16,
         warn: Callable[[str], None] | None = None,
         interval_s: float = INTERVAL_S,
+        child: bool | None = None,
     ):
         """run_dir: where the pictures go; names: the classes; task: detect or classify; enabled False (plots=false,
         or a rank other than 0): every call returns at once and nothing is written. epochs: the run's epoch count
         (its last validation is always plotted); train_labels: the training split's labels (labels.jpg);
         val_dataset / val_batch: the validation view and its loader's batch size (the validation mosaics reload
-        their images from it); warn: where a one-line warning goes."""
+        their images from it); warn: where a one-line warning goes; child: draw in a forked child process (None: where
+        fork is safe)."""
         self.enabled = enabled
         self.run_dir, self.names, self.task, self.epochs = Path(run_dir), list(names), task, epochs
         self.val_dataset, self.val_batch, self.interval_s = val_dataset, val_batch, interval_s
@@ -68,10 +78,14 @@ class PlotWriter:
         self._mpl = enabled and figures.available()
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE)
         self._thread: threading.Thread | None = None
+        self._pool: ProcessPoolExecutor | None = None
         if not enabled:
             return
         if not self._mpl:
             self.warn(MISSING)
+        if can_fork() if child is None else child:
+            self._pool = forked_pool(1, _child_init)
+            self._pool.submit(int)  # forked now, from this thread and before the loop starts, not at the first job
         self._thread = threading.Thread(target=self._work, name="libreyolo-plots", daemon=True)
         self._thread.start()
         if train_labels is not None and self._mpl and task != "classify":  # a classifier's boxes are whole images
@@ -112,7 +126,7 @@ class PlotWriter:
         self._train_left -= 1
         host, ready = J.to_host((img, targets, mask))
         path = self.run_dir / f"train_batch{k}.jpg"
-        self._submit(J.train_batch_job, host, ready, self.names, self.task, path)
+        self._submit(J.train_batch_job, lambda: (*J.host_arrays(host, ready), self.names, self.task, path))
 
     def validation(self, epoch: int, result: dict[str, Any]) -> None:
         """A finished validation's result (the task's validation dict: eval/validator.py, eval/topk.py), after its
@@ -141,9 +155,13 @@ class PlotWriter:
         except queue.Full:
             pass
         self._thread.join(timeout=CLOSE_S)
-        if self._thread.is_alive():
+        stuck = self._thread.is_alive()
+        if stuck:
             self.errors.append(f"the plot thread did not finish within {CLOSE_S:g} s; its pictures were left")
         self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=not stuck, cancel_futures=True)
+            self._pool = None
         if self.errors:
             more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
             self.warn(f"plots: {self.errors[0]}{more}; the run's other files are complete")
@@ -154,14 +172,22 @@ class PlotWriter:
     def _validation_plots(self, result: dict[str, Any]) -> None:
         if self._mpl and (self.run_dir / "results.csv").exists():
             self._submit(figures.results, self.run_dir / "results.csv", self.run_dir / "results.png")
+        names, run_dir, mpl, data = self.names, self.run_dir, self._mpl, self.val_dataset
         if self.task == "classify":
-            self._submit(J.classify_job, result, self.names, self.val_dataset, self.run_dir, self._mpl)
-        else:
-            self._submit(
-                J.detect_job, result, self.names, self.val_dataset, self.val_batch, BATCHES, self.run_dir, self._mpl
-            )
+            if "pred" in result:
+                label, pred = (np.asarray(result[k], np.int64) for k in ("label", "pred"))
+                topk = list(result["topk"])
+                self._submit(
+                    J.classify_job,
+                    lambda: (label, pred, topk, names, J.misclassified(result, names, data), run_dir, mpl),
+                )
+            return
+        curves, map50, boxes = result.get("curves"), float(result.get("map50", 0.0)), result.get("boxes")
+        samples = lambda: J.val_samples(result, data, self.val_batch, BATCHES)  # noqa: E731
+        self._submit(J.detect_job, lambda: (curves, map50, boxes, names, samples(), run_dir, mpl))
 
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """fn(*args) drawn off the loop; a single callable in args is called on the thread for fn's arguments."""
         try:
             self._queue.put_nowait((fn, args))
         except queue.Full:
@@ -174,6 +200,31 @@ class PlotWriter:
                 return
             fn, args = job
             try:
-                fn(*args)
+                if len(args) == 1 and callable(args[0]):
+                    args = args[0]()
+                self._draw(fn, args)
             except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
                 self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
+
+    def _draw(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """In the child where there is one (this thread waits without the interpreter lock), else here. A child that
+        died is not restarted: this and the later jobs are drawn here."""
+        if self._pool is not None:
+            try:
+                self._pool.submit(fn, *args).result()
+                return
+            except BrokenProcessPool:
+                self._pool = None
+        fn(*args)
+
+
+def _child_init() -> None:
+    """The drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
+    lower priority, so that on busy CPUs the training process's threads go first."""
+    import cv2
+
+    cv2.setNumThreads(0)
+    try:
+        os.nice(10)
+    except OSError:  # a sandbox may refuse it
+        pass
