@@ -31,6 +31,7 @@ import torch
 import torch.multiprocessing as mp
 
 from libreyolo import errors
+from libreyolo.atomic import write_text
 from libreyolo.config import TrainConfig
 from libreyolo.distributed.context import DistContext, family_message, split_batch
 from libreyolo.distributed.device import parse_device, torchrun_env
@@ -342,9 +343,7 @@ def _worker(index: int, job: _Job) -> None:
         if index == 0 and os.getppid() != parent:  # the parent was killed and cannot remove its temporary folder
             shutil.rmtree(folder, ignore_errors=True)
     if index == 0:
-        tmp = folder / "result.json.tmp"
-        tmp.write_text(json.dumps({"run_dir": str(model.last_run), "metrics": metrics}))
-        os.replace(tmp, folder / "result.json")
+        write_text(folder / "result.json", json.dumps({"run_dir": str(model.last_run), "metrics": metrics}))
 
 
 def _signal_policy(rank: int, parent: int, folder: str) -> None:

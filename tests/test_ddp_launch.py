@@ -232,7 +232,8 @@ def test_killed_worker_ends_the_run_and_the_parent_raises(tiny_data, tmp_path):
     with _cli_run(tiny_data, tmp_path, tag, "epochs=50") as p:
         rank0 = _wait_event(events, lambda e: e["type"] == "run_start", p)["pid"]
         _wait_event(events, lambda e: e["type"] == "step", p)
-        workers = [q for q in _tagged(tag) if "spawn_main" in " ".join(q.cmdline())]
+        # the launcher's spawned ranks (rank 0's forked children, such as the plot writer's, carry its command line)
+        workers = [q for q in _tagged(tag) if "spawn_main" in " ".join(q.cmdline()) and q.ppid() == p.pid]
         assert len(workers) == 2 and rank0 in [q.pid for q in workers], workers
         rank1 = next(q for q in workers if q.pid != rank0)
         t0 = time.time()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from libreyolo.atomic import write_text
+
 RUN_ID_ENV, RESTART_ENV = "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"
 MARKER = ".elastic-run-id"
 
@@ -34,9 +36,7 @@ def mark(run_dir: Path) -> None:
     rid = job_id()
     if rid is None:
         return
-    tmp = run_dir / f"{MARKER}.{os.getpid()}.tmp"
-    tmp.write_text(rid + "\n")
-    os.replace(tmp, run_dir / MARKER)
+    write_text(run_dir / MARKER, rid + "\n")
 
 
 def restarted_run(project: str | os.PathLike[str]) -> Path | None:

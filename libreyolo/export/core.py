@@ -12,13 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.atomic import written_whole
 from libreyolo.errors import ConfigError
 from libreyolo.export import onnx as onnx_export
 from libreyolo.export import torchscript
 from libreyolo.export.graph import NmsGraph, as_list
 from libreyolo.export.meta import ExportMeta, jit_load
 from libreyolo.export.options import ExportOptions, parse_options
-from libreyolo.export.writer import written_whole
 from libreyolo.families.base import ExportSpec
 
 SUFFIX = {"onnx": ".onnx", "torchscript": ".torchscript"}

@@ -5,11 +5,12 @@ the plot writer's thread; each writes its file through a temporary name, so a re
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from libreyolo.atomic import written_whole
 
 DPI = 100
 MAX_LEGEND = 10  # classes named in a curve's legend; more are drawn unnamed
@@ -34,9 +35,8 @@ def _figure(w: float, h: float, tight: bool = True) -> Any:
 
 def save(fig: Any, path: Path) -> None:
     """Write atomically: the console may be looking at the folder."""
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=DPI)
-    os.replace(tmp, path)
+    with written_whole(path) as tmp:
+        fig.savefig(tmp, dpi=DPI)
 
 
 def results(csv_path: Path, out: Path) -> None:

@@ -5,11 +5,12 @@ misclassified images (misclassified.jpg). Images are (H, W, 3) uint8 RGB, as the
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from libreyolo.atomic import write_bytes
 
 MAX_TILES = 16  # images per mosaic
 MAX_SIDE = 1280  # the mosaic's longest side, in pixels
@@ -36,9 +37,7 @@ def write_jpg(img: np.ndarray, path: Path) -> None:
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90])
     if not ok:
         raise OSError(f"could not encode {path}")
-    tmp = path.with_name(f".{path.stem}.tmp.jpg")
-    tmp.write_bytes(buf.tobytes())
-    os.replace(tmp, path)
+    write_bytes(path, buf.tobytes())
 
 
 def mosaic(

@@ -5,11 +5,11 @@ inlined as JSON, so the one file opens offline: no CDN, no network."""
 from __future__ import annotations
 
 import json
-import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from libreyolo.atomic import write_text
 from libreyolo.profiler.analysis import ANNOTATION, Trace, depths, kernel_category, kernel_phases
 from libreyolo.profiler.result import ARTIFACTS, summary_from_profile
 
@@ -23,9 +23,7 @@ def _template(name: str) -> str:
 
 def write_json(path: Path, data: Any) -> None:
     """Atomic: a reader (the console, another `profile` command) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=1, default=float) + "\n")
 
 
 class _Builder:
