@@ -12,6 +12,7 @@ import torch
 from conftest import FAST, NO_AUG
 
 from libreyolo import LibreYOLO
+from libreyolo.engine import saver as saver_mod
 from libreyolo.engine import trainer as trainer_mod
 from libreyolo.engine.checkpoint import load_checkpoint, save_atomic
 from libreyolo.events import read_events, validate_event
@@ -374,7 +375,7 @@ def _planted_evaluations(monkeypatch, maps: list[float], seconds: float) -> list
 def test_background_evaluation_lands_during_the_next_epoch_and_best_pt_follows_it(tiny_data, tmp_path, monkeypatch):
     started = _planted_evaluations(monkeypatch, [0.2, 0.5, 0.3], seconds=1.0)
     packed: list[str] = []  # which save took a snapshot: best.pt reuses its epoch's last.pt snapshot instead
-    real_save, real_snapshot = trainer_mod.Trainer.save, trainer_mod.snapshot
+    real_save, real_snapshot = trainer_mod.Trainer.save, saver_mod.snapshot
     saving: list[str] = []
 
     def save(self, which, *a, **k):
@@ -385,7 +386,7 @@ def test_background_evaluation_lands_during_the_next_epoch_and_best_pt_follows_i
             saving.pop()
 
     monkeypatch.setattr(trainer_mod.Trainer, "save", save)
-    monkeypatch.setattr(trainer_mod, "snapshot", lambda *a, **k: (packed.append(saving[-1]), real_snapshot(*a, **k))[1])
+    monkeypatch.setattr(saver_mod, "snapshot", lambda *a, **k: (packed.append(saving[-1]), real_snapshot(*a, **k))[1])
     m, _ = _train(tiny_data, tmp_path, epochs=3)
     assert "best" not in packed and packed.count("last") == 2 * 4  # the first last.pt and one per epoch: model, train
     events = list(read_events(m.last_run / "events.jsonl"))

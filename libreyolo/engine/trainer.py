@@ -15,17 +15,17 @@ import torch
 from libreyolo import events as ev
 from libreyolo.config import TrainConfig
 from libreyolo.engine import optim, passes
-from libreyolo.engine.checkpoint import CheckpointWriter, best_so_far
+from libreyolo.engine.checkpoint import best_so_far
 from libreyolo.engine.epochval import EpochValidations, Landed, val_prefetch_due
 from libreyolo.engine.heap import frozen_heap, held_collections
 from libreyolo.engine.interrupt import StopSignals
 from libreyolo.engine.judge import BestEpoch
 from libreyolo.engine.loop import OnStart, RunLoop
 from libreyolo.engine.meters import HostRead, Throughput
+from libreyolo.engine.saver import RunSaver
 from libreyolo.engine.seams import TrainableModel
 from libreyolo.engine.setup import TrainSetup, build_run, resolve_resume
-from libreyolo.engine.snapshot import Amended, Snapshot, snapshot
-from libreyolo.engine.state import model_record, restore_rng, restore_train_state, train_state
+from libreyolo.engine.state import restore_rng, restore_train_state
 from libreyolo.engine.step import NO_PHASES, Phases
 from libreyolo.families.base import HookContext
 from libreyolo.plots import PlotWriter
@@ -49,8 +49,8 @@ class Trainer:
         self._resumed_loss: dict[str, Any] | None = None  # a mid-epoch last.pt's loss sums of its epoch so far
         self._held: list[ev.Event] | None = []
         self._probe_scale = False  # a fresh float16 run reads its start loss scale off the first batch
-        self.writer = CheckpointWriter()  # closed when train() ends: one Trainer trains once
-        self._epoch_end_record: tuple[int, Snapshot] | None = None  # (epoch, the model record last.pt saved then)
+        self.saver = RunSaver(cfg, self.emit)  # closed when train() ends: one Trainer trains once
+        self.writer = self.saver.writer
 
     # --- events -------------------------------------------------------------------------------------
     def emit(self, event: ev.Event) -> None:
@@ -134,7 +134,7 @@ class Trainer:
             self.vals.wait_device()  # a validation thread must be off the device before the loaders close
             self.vals.close()
             self.plots.close()  # the last pictures are written before run_end
-            self._close_writer()
+            self.saver.close()
             self.emit(
                 ev.RunEnd(
                     status=status,
@@ -354,51 +354,9 @@ class Trainer:
         weights: dict[str, torch.Tensor] | None = None,
         epoch: int | None = None,
     ) -> Path:
-        """which: last (full train state) | best | period (weights only). Snapshotted here, written atomically
-        by the background writer; its `checkpoint` event comes once the file is in place. weights/epoch: what
-        to save instead of the current (EMA) weights, and the epoch they finished (a best.pt decided when its
-        validation landed, an epoch later)."""
-        s = self.s
-        if not s.is_main:
-            return s.last_path
-        path = path or (s.last_path if which == "last" else s.best_path)
-        epoch, step = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
-        done = lambda p: self.emit(ev.Checkpoint(path=str(p), kind=kind or which, epoch=epoch, step=step))  # noqa: E731
-        end = self._epoch_end_record
-        if which == "best" and end is not None and end[0] == epoch:
-            # the weights validated are the ones the epoch ended with, already snapshotted for its last.pt
-            self.writer.submit(Amended(end[1], best_fitness=self.best.fitness, metrics=self.best.metrics), path, done)
-            self.writer.drain(wait=wait)
-            return path
-        if which == "last":
-            s.step.sync()  # an overlapped backward ends before the optimizer state is taken
-        ema_is_model = weights is None and s.ema is not None
-        if weights is None:
-            weights = s.kept_net.state_dict()
-        record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
-        record.update(epoch=epoch, step=step, best_fitness=self.best.fitness, metrics=self.best.metrics)
-        model = snapshot(record)
-        if which == "last":
-            # packed (engine/snapshot.py); the EMA weights are the record's model already, stored once
-            parts = (s.train_net, s.step.train_counters(), s.optimizer_name, s.scaler, s.ema)
-            state = train_state(*parts, ema_is_model, str(s.run_dir), self.bad_files)
-            if step:  # mid-epoch: the epoch's loss sums so far, for its results.csv row after a resume
-                state["epoch_loss"] = s.meter.state()
-            train = snapshot(state, packed=True)
-            if step == 0:  # an epoch's end: its validation may make these weights the best (save("best") above)
-                self._epoch_end_record = (epoch, model)
-            self.writer.submit(Amended(model, train=train), path, done)
-        else:
-            self.writer.submit(model, path, done)
-        self.writer.drain(wait=wait)
-        return path
-
-    def _close_writer(self) -> None:
-        """Let pending writes land before run_end (a crash keeps the last.pt the loop had asked for)."""
-        try:
-            self.writer.close()
-        except Exception as e:  # the run is already ending with its own error; this one must not hide it
-            self.emit(ev.WarningEvent(f"writing a checkpoint failed: {type(e).__name__}: {e}", code="checkpoint"))
+        """which: last (full train state) | best | period (weights only), at the loop's position (engine/saver.py)."""
+        at = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
+        return self.saver.save(self.s, which, at, self.best, self.bad_files, kind, path, wait, weights)
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Put a last.pt's train state back (once build_run has built everything)."""
