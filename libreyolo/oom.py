@@ -14,11 +14,14 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from libreyolo.errors import DeviceMemoryError, LibreYOLOError
+
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
 
 GiB = 2**30
 
@@ -120,7 +123,7 @@ class RunSpec:
     resumed: str | None = None  # the last.pt a resumed run continues: its batch and imgsz cannot change
 
 
-def train_spec(model: Any, cfg: Any, requested_batch: Any) -> RunSpec:
+def train_spec(model: Any, cfg: TrainConfig, requested_batch: Any) -> RunSpec:
     """A LibreYOLO.train run from its TrainConfig: pass the trainer's, read when the run failed, which is the resumed
     run's once the setup has read the checkpoint and holds autobatch's pick once made."""
     world = int(os.environ.get("WORLD_SIZE") or 1)  # a DDP rank (torchrun or the spawn launcher's worker)

@@ -12,13 +12,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from libreyolo.engine.snapshot import PACKED, Amended, Snapshot, unpack
 from libreyolo.errors import CheckpointError, DiskFullError, disk_full_in
 from libreyolo.runs import lock_run_dir, write_args
+
+if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
 
 FORMAT = "libreyolo.checkpoint/v1"
 
@@ -344,7 +347,7 @@ def _no_resume_hint(path: Path) -> str:
     return "This run cannot be resumed; start a new run (libreyolo train model=... data=...)"
 
 
-def resolve_resume_path(cfg: Any) -> Path:
+def resolve_resume_path(cfg: TrainConfig) -> Path:
     if isinstance(cfg.resume, str):
         return Path(cfg.resume)
     if cfg.model.endswith(".pt") and Path(cfg.model).name == "last.pt":

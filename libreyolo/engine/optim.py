@@ -14,6 +14,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from libreyolo.config import TrainConfig
+    from libreyolo.families import RunKeys
 
 FUSED_DEVICES = ("cuda", "cpu")  # where torch's fused SGD and AdamW run
 
@@ -154,7 +155,7 @@ def lr_factor(epoch: float, epochs: int, lrf: float, cosine: bool) -> float:
 
 def apply_schedule(
     optimizer: torch.optim.Optimizer,
-    cfg: TrainConfig,
+    cfg: RunKeys,
     epoch: int,
     ni: int,
     warmup_iters: int,

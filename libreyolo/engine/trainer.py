@@ -101,7 +101,7 @@ class Trainer:
                 fn()
             raise
         self.vals = EpochValidations(s, self.cfg, self.emit, self._note_bad, self._judge)
-        self.plots = PlotWriter.for_run(s, self.cfg, lambda msg: self.emit(ev.WarningEvent(msg, code="plots")))
+        self.plots = plot_writer(s, self.cfg, lambda msg: self.emit(ev.WarningEvent(msg, code="plots")))
         self.vals.on_result = self.plots.validation  # each validation's result, after its results.csv row
         status = "failed"
         try:
@@ -370,3 +370,20 @@ class Trainer:
         self.epoch, self.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step"])
         self._resumed_loss = ckpt["train"].get("epoch_loss")
         self.epochs_done = self.epoch
+
+
+def plot_writer(s: TrainSetup, cfg: TrainConfig, warn: Callable[[str], None]) -> PlotWriter:
+    """The run's picture writer (libreyolo/plots): enabled with plots=true on rank 0."""
+    train_ds = getattr(s.train_loader, "dataset", None)
+    val_loader = s.val_loader
+    return PlotWriter(
+        s.run_dir,
+        s.names,
+        s.family.task,
+        enabled=bool(cfg.plots) and s.is_main,
+        epochs=cfg.epochs,
+        train_labels=getattr(getattr(train_ds, "labels", None), "labels", None),
+        val_dataset=getattr(val_loader, "dataset", None),
+        val_batch=getattr(val_loader, "batch_size", None) or 16,
+        warn=warn,
+    )

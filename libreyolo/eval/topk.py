@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from libreyolo.families import Family
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, k: int = 5) -> torch.Tensor:
@@ -27,7 +30,7 @@ def _guesses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def start_topk_validation(
     net: nn.Module,
-    family: Any,
+    family: Family,
     loader: Any,
     device: torch.device,
     loss_fn: Callable[..., Any] | None,

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,6 +22,9 @@ from libreyolo.data.dataset import YOLODataset
 from libreyolo.eval.coco import CocoAccumulator, EvalProcess
 from libreyolo.eval.graphed import EvalGraph
 from libreyolo.nn.inputs import normalize
+
+if TYPE_CHECKING:
+    from libreyolo.families import Family
 
 # COCO evaluations run one at a time: two at once would double their memory and share one interpreter lock
 _EVAL_LOCK = threading.Lock()
@@ -116,7 +119,7 @@ class PendingValidation:
 @torch.no_grad()
 def start_validation(
     net: nn.Module,
-    family: Any,
+    family: Family,
     loader: Any,
     device: torch.device,
     names: list[str],
@@ -229,7 +232,7 @@ def start_validation(
 
 def validate(
     net: nn.Module,
-    family: Any,
+    family: Family,
     loader: Any,
     device: torch.device,
     names: list[str],

@@ -14,7 +14,7 @@ import pkgutil
 import re
 from dataclasses import dataclass, field, fields
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from libreyolo.keys import Key, key_list
 
@@ -48,6 +48,22 @@ class CapturePlan:
 
 NO_CAPTURE = CapturePlan()
 WHOLE_NET = CapturePlan(("",), full_step=True)
+
+
+class RunKeys(Protocol):
+    """What a family reads of a run's configuration: config.TrainConfig is one (the families sit below config in
+    the layers, so they name this instead). A family's own keys come typed through Family.options_of."""
+
+    family: str | None  # the family the configuration was made for
+    family_args: dict[str, Any]  # the values of that family's own keys
+    epochs: int
+    batch: int
+    nbs: int | str
+    lrf: float
+    cos_lr: bool
+    warmup_bias_lr: float
+    warmup_momentum: float
+    no_aug_epochs: int
 
 
 @dataclass(frozen=True)
@@ -92,12 +108,12 @@ class Family:
     def key(self, name: str) -> Key | None:
         return next((k for k in self.keys if k.name == name), None)
 
-    def options_of(self, cfg: Any) -> Any:
+    def options_of(self, cfg: RunKeys) -> Any:
         """The run's values of this family's keys (an instance of `options`): the config's own where it was made for
         a family with these options (this one, or a variant registered with the same options), the defaults where it
         was made for another (`model.val()` of a checkpoint builds one so)."""
-        made_for = _REGISTRY.get(getattr(cfg, "family", None) or "")
-        args = getattr(cfg, "family_args", None) if made_for is not None and made_for.options is self.options else None
+        made_for = _REGISTRY.get(cfg.family or "")
+        args = cfg.family_args if made_for is not None and made_for.options is self.options else None
         names = {f.name for f in fields(self.options)}
         return self.options(**{k: v for k, v in (args or {}).items() if k in names})
 

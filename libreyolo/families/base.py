@@ -11,6 +11,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import nn
 
+from libreyolo.families import RunKeys
+
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # DDP's all-reduce of the loss normaliser
 # Family.example_outputs: (train net, batch, imgsz, dtype, device, the batch's target mask (B, M)) -> outputs
 ExampleOutputs = Callable[[nn.Module, int, tuple[int, int], torch.dtype, torch.device, torch.Tensor], Any]
@@ -62,7 +64,7 @@ class ScheduleFn(Protocol):
     def __call__(
         self,
         optimizer: torch.optim.Optimizer,
-        cfg: Any,
+        cfg: RunKeys,
         epoch: int,
         ni: int,
         warmup_iters: int,
@@ -147,8 +149,8 @@ class FamilyImpl:
     """A family's implementation. Every callable receives the family's own network class (see `own`)."""
 
     build: Callable[[str, int], nn.Module]  # (size, num_classes) -> network, random init
-    train_net: Callable[[nn.Module, Any], nn.Module]  # (network, TrainConfig) -> what the step runs
-    loss: Callable[[nn.Module, Any, Reduce | None], LossFn]  # (network, cfg, normalizer reduce) -> loss fn
+    train_net: Callable[[nn.Module, RunKeys], nn.Module]  # (network, the run's keys) -> what the step runs
+    loss: Callable[[nn.Module, RunKeys, Reduce | None], LossFn]  # (network, cfg, normalizer reduce) -> loss fn
     postprocess: PostprocessFn
     param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None  # None: engine.optim.param_groups
     schedule: ScheduleFn | None = None  # None: engine.optim.apply_schedule (warm-up, then linear or cosine)

@@ -91,24 +91,6 @@ class PlotWriter:
         if train_labels is not None and self._mpl and task != "classify":  # a classifier's boxes are whole images
             self._submit(J.labels_job, train_labels, self.names, self.run_dir / "labels.jpg")
 
-    @classmethod
-    def for_run(cls, s: Any, cfg: Any, warn: Callable[[str], None] | None = None) -> PlotWriter:
-        """The writer of a training run: s the run's setup (engine/setup.py's TrainSetup), cfg its TrainConfig.
-        Enabled with plots=true on rank 0."""
-        train_ds = getattr(s.train_loader, "dataset", None)
-        val_loader = getattr(s, "val_loader", None)
-        return cls(
-            s.run_dir,
-            s.names,
-            s.family.task,
-            enabled=bool(cfg.plots) and s.is_main,
-            epochs=cfg.epochs,
-            train_labels=getattr(getattr(train_ds, "labels", None), "labels", None),
-            val_dataset=getattr(val_loader, "dataset", None),
-            val_batch=getattr(val_loader, "batch_size", None) or 16,
-            warn=warn,
-        )
-
     # --- what the loop calls ------------------------------------------------------------------------
     def train_batch(self, epoch: int, img: Any, targets: Any, mask: Any) -> None:
         """A training batch as the network gets it: img (B, H, W, 3) uint8, targets (B, M, 5) class, x1, y1, x2, y2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -15,6 +15,9 @@ from libreyolo.profiler.analysis import Trace, analyze_trace
 from libreyolo.profiler.verdict import decide
 from libreyolo.profiler.window import Window
 
+if TYPE_CHECKING:
+    from libreyolo.engine.trainer import Trainer
+
 SCHEMA = "libreyolo.profile/v1"
 SUMMARY_SCHEMA = "libreyolo.profile_summary/v1"
 ARTIFACTS = {
@@ -25,7 +28,7 @@ ARTIFACTS = {
 }
 
 
-def run_meta(trainer: Any) -> dict[str, Any]:
+def run_meta(trainer: Trainer) -> dict[str, Any]:
     from libreyolo import __version__
 
     s, c = trainer.s, trainer.cfg

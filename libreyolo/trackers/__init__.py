@@ -6,7 +6,7 @@ page. Each is an optional extra: `require` says how to install a missing one bef
 from __future__ import annotations
 
 import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -15,6 +15,7 @@ from libreyolo.errors import ConfigError
 from libreyolo.trackers.base import Backend, Tracker
 
 if TYPE_CHECKING:
+    from libreyolo.config import TrainConfig
     from libreyolo.engine.loop import RunLoop
 
 # key -> (module, the install line)
@@ -24,11 +25,11 @@ PACKAGES = {
 }
 
 
-def requested(cfg: Any) -> list[str]:
+def requested(cfg: TrainConfig) -> list[str]:
     return [k for k in PACKAGES if getattr(cfg, k, False)]
 
 
-def require(cfg: Any) -> None:
+def require(cfg: TrainConfig) -> None:
     """Raise ConfigError saying how to install it for each tracker the run asks for whose package is missing."""
     for key in requested(cfg):
         module, install = PACKAGES[key]

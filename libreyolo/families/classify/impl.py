@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.families import RunKeys
 from libreyolo.families.base import FamilyImpl, Reduce, random_output
 from libreyolo.families.classify import RESNET as RESNET_FAMILY
 from libreyolo.families.classify.head import ClassifyLoss, topk
@@ -14,11 +15,11 @@ from libreyolo.families.classify.mnv4 import MobileNetV4, MobileNetV4ConvSmall
 from libreyolo.families.classify.resnet import ResNet, ResNet18
 
 
-def train_net(net: nn.Module, cfg: Any) -> nn.Module:
+def train_net(net: nn.Module, cfg: RunKeys) -> nn.Module:
     return net
 
 
-def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> ClassifyLoss:
+def loss(net: nn.Module, cfg: RunKeys, reduce_normalizer: Reduce | None = None) -> ClassifyLoss:
     # the classifiers share their options: a config made for either gives its label smoothing
     return ClassifyLoss(float(RESNET_FAMILY.options_of(cfg).label_smoothing))
 

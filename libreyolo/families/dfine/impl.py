@@ -3,10 +3,9 @@ groups (the backbone at backbone_lr x lr0)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
+from libreyolo.families import RunKeys
 from libreyolo.families.base import FamilyImpl, Reduce, own
 from libreyolo.families.dfine import FAMILY
 from libreyolo.families.dfine.loss import DFINELoss
@@ -19,7 +18,7 @@ def build(size: str, nc: int) -> DFINE:
     return DFINE(size, nc)
 
 
-def train_net(net: nn.Module, cfg: Any) -> nn.Module:
+def train_net(net: nn.Module, cfg: RunKeys) -> nn.Module:
     """The detector itself, with the run's query, denoising and backbone-LR keys set on it."""
     k = FAMILY.options_of(cfg)
     net = configure(own(net, DFINE), k)
@@ -27,7 +26,7 @@ def train_net(net: nn.Module, cfg: Any) -> nn.Module:
     return net
 
 
-def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> DFINELoss:
+def loss(net: nn.Module, cfg: RunKeys, reduce_normalizer: Reduce | None = None) -> DFINELoss:
     net, k = own(net, DFINE), FAMILY.options_of(cfg)
     dec = net.decoder
     gains = (k.vfl, k.bbox, k.giou, k.fgl, k.ddf)

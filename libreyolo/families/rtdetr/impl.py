@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from libreyolo.families import RunKeys
 from libreyolo.families.base import FamilyImpl, Reduce, own, random_output
 from libreyolo.families.rtdetr import FAMILY
 from libreyolo.families.rtdetr.loss import RTDETRLoss
@@ -19,7 +20,7 @@ def build(size: str, nc: int) -> RTDETR:
     return RTDETR(size, nc)
 
 
-def train_net(net: nn.Module, cfg: Any) -> nn.Module:
+def train_net(net: nn.Module, cfg: RunKeys) -> nn.Module:
     """The detector itself; the run's query and denoising settings are set on it (its EMA copy, made after this,
     and its validations follow)."""
     return configure(own(net, RTDETR), FAMILY.options_of(cfg))
@@ -60,15 +61,15 @@ def example_outputs(
     return out
 
 
-def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> RTDETRLoss:
+def loss(net: nn.Module, cfg: RunKeys, reduce_normalizer: Reduce | None = None) -> RTDETRLoss:
     net, k = own(net, RTDETR), FAMILY.options_of(cfg)
     return RTDETRLoss(net.nc, k.vfl, k.bbox, k.giou, scale=accumulation_scale(cfg), reduce_normalizer=reduce_normalizer)
 
 
-def accumulation_scale(cfg: Any) -> float:
+def accumulation_scale(cfg: RunKeys) -> float:
     """Gradients of accumulated micro-batches add up: each is scaled by 1 / accumulation so that the clip norm
     applies to a mean gradient, as in the DETRs' single-step batches."""
-    nbs, batch = getattr(cfg, "nbs", 16), getattr(cfg, "batch", 16)
+    nbs, batch = cfg.nbs, cfg.batch
     acc = max(round(nbs / batch), 1) if isinstance(nbs, int) and isinstance(batch, int) and batch > 0 else 1
     return 1.0 / acc
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
+from libreyolo.families import RunKeys
 from libreyolo.families.base import FamilyImpl, Reduce, own, random_output
 from libreyolo.families.rtmdet import FAMILY
 from libreyolo.families.rtmdet.loss import RTMDetLoss
@@ -18,7 +17,7 @@ def build(size: str, nc: int) -> RTMDet:
     return RTMDet(size, nc)
 
 
-def train_net(net: nn.Module, cfg: Any) -> nn.Module:
+def train_net(net: nn.Module, cfg: RunKeys) -> nn.Module:
     return net  # no training-only heads: the step runs the detector itself
 
 
@@ -32,11 +31,11 @@ def example_outputs(
     return random_output((batch, anchors, 4 + net.nc), torch.float32, device, unit=True)
 
 
-def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> RTMDetLoss:
+def loss(net: nn.Module, cfg: RunKeys, reduce_normalizer: Reduce | None = None) -> RTMDetLoss:
     net, k = own(net, RTMDet), FAMILY.options_of(cfg)
     # the loss is a mean; gradients of accumulated micro-batches add up: scale each by 1 / accumulation so that the
     # optimizer steps on the mean over the nominal batch, as RTMDet's (one step per batch of 256 on 8 GPUs)
-    nbs, batch = getattr(cfg, "nbs", "auto"), getattr(cfg, "batch", 16)
+    nbs, batch = cfg.nbs, cfg.batch
     acc = max(round(nbs / batch), 1) if isinstance(nbs, int) and isinstance(batch, int) and batch > 0 else 1
     return RTMDetLoss(net.nc, net.strides, k.qfl, k.box, scale=1.0 / acc, reduce_normalizer=reduce_normalizer)
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
+from libreyolo.families import RunKeys
 from libreyolo.families.base import FamilyImpl, Reduce, own, random_output
 from libreyolo.families.yolo9 import FAMILY
 from libreyolo.families.yolo9.loss import DetectionLoss
@@ -18,7 +17,7 @@ def build(size: str, nc: int) -> YOLO9:
     return YOLO9(size, nc)
 
 
-def train_net(net: nn.Module, cfg: Any) -> TrainNet:
+def train_net(net: nn.Module, cfg: RunKeys) -> TrainNet:
     return TrainNet(own(net, YOLO9), aux=bool(FAMILY.options_of(cfg).aux))
 
 
@@ -35,7 +34,7 @@ def example_outputs(
 class Yolo9Loss:
     """Main head loss plus aux_weight times the auxiliary head's loss; logged terms are the main head's."""
 
-    def __init__(self, net: YOLO9, cfg: Any, reduce_normalizer: Reduce | None = None):
+    def __init__(self, net: YOLO9, cfg: RunKeys, reduce_normalizer: Reduce | None = None):
         k = FAMILY.options_of(cfg)
         self.main = DetectionLoss(
             net.nc, net.strides, net.reg_max, k.box, k.cls, k.dfl, reduce_normalizer=reduce_normalizer
@@ -58,7 +57,7 @@ class Yolo9Loss:
         return self.main(outputs[0], targets, mask, imgsz, batch_scale)
 
 
-def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> Yolo9Loss:
+def loss(net: nn.Module, cfg: RunKeys, reduce_normalizer: Reduce | None = None) -> Yolo9Loss:
     return Yolo9Loss(own(net, YOLO9), cfg, reduce_normalizer)
 
 

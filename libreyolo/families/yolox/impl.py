@@ -4,11 +4,11 @@ switches the L1 term on when mosaic closes."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import nn
 
+from libreyolo.families import RunKeys
 from libreyolo.families.base import FamilyImpl, HookContext, Reduce, own, random_output
 from libreyolo.families.yolox import FAMILY
 from libreyolo.families.yolox.loss import YOLOXLoss
@@ -20,7 +20,7 @@ def build(size: str, nc: int) -> YOLOX:
     return YOLOX(size, nc)
 
 
-def train_net(net: nn.Module, cfg: Any) -> nn.Module:
+def train_net(net: nn.Module, cfg: RunKeys) -> nn.Module:
     return net  # no training-only heads: the step runs the detector itself
 
 
@@ -33,7 +33,7 @@ def example_outputs(
     return random_output((batch, anchors, 5 + net.nc), dtype, device)
 
 
-def loss(net: nn.Module, cfg: Any, reduce_normalizer: Reduce | None = None) -> YOLOXLoss:
+def loss(net: nn.Module, cfg: RunKeys, reduce_normalizer: Reduce | None = None) -> YOLOXLoss:
     net = own(net, YOLOX)
     k = FAMILY.options_of(cfg)
     return YOLOXLoss(net.nc, net.strides, k.box, k.obj, k.cls, k.l1, reduce_normalizer=reduce_normalizer)
@@ -68,7 +68,7 @@ def lr_phases(epochs: int, steps_per_epoch: int, warmup_iters: int, no_aug_epoch
 
 def schedule(
     optimizer: torch.optim.Optimizer,
-    cfg: Any,
+    cfg: RunKeys,
     epoch: int,
     ni: int,
     warmup_iters: int,

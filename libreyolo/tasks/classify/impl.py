@@ -5,7 +5,7 @@ top-k classes from predict (predict_cls.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from libreyolo.eval.topk import start_topk_validation
 from libreyolo.eval.validator import PendingValidation, no_stages, to_input
 from libreyolo.tasks.base import TaskImpl
 
+if TYPE_CHECKING:
+    from libreyolo.families import Family
+
 
 def scan(data: Any, split: str, notes: list[str], allow_empty: bool) -> Any:
     return scan_class_split(data, split, notes)
@@ -25,7 +28,7 @@ def scan(data: Any, split: str, notes: list[str], allow_empty: bool) -> Any:
 
 def start_validation(
     net: nn.Module,
-    family: Any,
+    family: Family,
     loader: Any,
     device: torch.device,
     names: list[str],
