@@ -147,7 +147,7 @@ def test_the_family_registry_and_the_face_load_no_torch():
 
 # libreyolo's top-level modules and packages, bottom layer first: a unit imports only from its own layer or below
 LAYERS = (
-    {"errors", "keys", "tasks", "eta"},
+    {"errors", "keys", "tasks", "eta", "forked", "atomic"},
     {"events", "runs", "render", "tblog", "nn", "amp", "data", "distributed", "gpuprocs", "sources"},
     {"families"},
     {"config"},
