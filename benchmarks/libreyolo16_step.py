@@ -75,7 +75,7 @@ def parent(a: argparse.Namespace) -> None:
         batch = Path(tmp) / "batch.pt"
         rec = {"img": data["img"], "targets": data["targets"], "mask": data["mask"], "nc": nc, "nbs": nbs}
         torch.save(rec, batch)
-        path = os.pathsep.join(p for p in (a.ly16, a.deps) if p)
+        path = os.pathsep.join(os.path.abspath(p) for p in (a.ly16, a.deps) if p)  # the child runs in tmp
         env = {**os.environ, "PYTHONPATH": path}
         argv = [sys.executable, __file__, "--child", str(batch), *sys.argv[1:]]
         rc = subprocess.run(argv, env=env, cwd=tmp).returncode

@@ -300,16 +300,28 @@ def test_loss_never_synchronises_on_cuda_and_full_step_capture_tracks_eager():
 
     batches = [_batch_on_device(TrainConfig.from_overrides({**over, "seed": k}), 8, dev)[0] for k in range(16)]
     out = {}
-    for mode in ("eager", "full"):
+    for mode, nudge in (("eager", 0.0), ("eager", 1e-5), ("full", 0.0)):
         events: list = []
         step, parts = make_runner(TrainConfig.from_overrides({**over, "seed": 0}), dev, nc, mode, events.append)
+        if nudge:  # the run's own sensitivity: the same eager run from weights moved by 1e-5 of themselves
+            g = torch.Generator(device=dev).manual_seed(1)
+            with torch.no_grad():
+                for p in parts.train_net.parameters():
+                    p.mul_(1 + nudge * torch.randn(p.shape, generator=g, device=dev, dtype=p.dtype))
         last = [(i + 1) % parts.accumulate == 0 for i in range(len(batches))]
-        out[mode] = torch.stack([step(b["img"], b["targets"], b["mask"], s).clone() for b, s in zip(batches, last)])
+        items = [step(b["img"], b["targets"], b["mask"], s).clone() for b, s in zip(batches, last)]
+        out[(mode, nudge)] = torch.stack(items)
         torch.cuda.synchronize()
         if mode == "full":
             assert any(e.action == "capture" for e in events) and not step.disabled, [e.reason for e in events]
+    eager, nudged, full = out[("eager", 0.0)], out[("eager", 1e-5)], out[("full", 0.0)]
     # rounding differences between the two updates flip a few of the assigner's discrete choices (its top-k and the
-    # floor of dynamic k) as the steps go on: the first steps are compared closely, the rest in the mean
-    torch.testing.assert_close(out["full"][:6], out["eager"][:6], rtol=2e-2, atol=2e-3)
-    drift = ((out["full"] - out["eager"]).abs() / out["eager"].abs().clamp(min=1e-3)).mean()
-    assert drift < 0.03, drift
+    # floor of dynamic k) as the steps go on, and at RTMDet's learning rate the run amplifies them: the first steps
+    # are compared closely, the rest against how far the eager run drifts from itself (on an H100: 0.19 for the
+    # captured step, 0.20 for the nudged eager run, in the mean over 16 steps)
+    torch.testing.assert_close(full[:6], eager[:6], rtol=2e-2, atol=2e-3)
+
+    def drift(a: torch.Tensor) -> torch.Tensor:
+        return ((a - eager).abs() / eager.abs().clamp(min=1e-3)).mean()
+
+    assert drift(full) < 2 * drift(nudged) + 0.03, (drift(full), drift(nudged))
