@@ -8,6 +8,7 @@ import pytest
 from conftest import FAST
 
 from libreyolo import LibreYOLO, trackers
+from libreyolo.engine.checkpoint import load_checkpoint
 from libreyolo.engine.setup import RESUME_OVERRIDABLE
 from libreyolo.events import read_events
 
@@ -57,6 +58,8 @@ def test_a_resume_keeps_wandb_unless_told_and_wandb_false_turns_it_off(tiny_data
     last = tmp_path / "exp" / "weights" / "last.pt"
     with pytest.raises(KeyboardInterrupt):  # 2nd: the key not given: the checkpoint's wandb=true goes on
         LibreYOLO(last).train(resume=True, model=str(last), callbacks=[StopAt(2)])
+    saved = load_checkpoint(last)["train_args"]  # the resumed run saved its own keys, not the defaults it began from
+    assert (saved["epochs"], saved["imgsz"], saved["batch"], saved["wandb"]) == (3, FAST["imgsz"], FAST["batch"], True)
     LibreYOLO(last).train(resume=True, model=str(last), wandb=False)  # 3rd: turned off, to the end
 
     assert [b.name for b in made] == ["wandb", "wandb"]  # no tracker at all in the 3rd process

@@ -19,14 +19,15 @@ from libreyolo.engine.state import model_record, train_state
 
 
 class RunSaver:
-    def __init__(self, cfg: TrainConfig, emit: Callable[[ev.Event], None]) -> None:
-        self.cfg, self.emit = cfg, emit
+    def __init__(self, emit: Callable[[ev.Event], None]) -> None:
+        self.emit = emit
         self.writer = CheckpointWriter()
         self._epoch_end_record: tuple[int, Snapshot] | None = None  # (epoch, the model record last.pt saved then)
 
     def save(
         self,
         s: TrainSetup,
+        cfg: TrainConfig,
         which: str,
         at: tuple[int, int],
         best: BestEpoch,
@@ -36,9 +37,10 @@ class RunSaver:
         wait: bool = False,
         weights: dict[str, torch.Tensor] | None = None,
     ) -> Path:
-        """which: last | best | period; at: (epoch, step) the weights finished; best: the run's best validation so
-        far; bad_files: the images skipped so far (a resumed run keeps counting them). weights: what to save instead
-        of the current (EMA) weights (a best.pt decided when its validation landed, an epoch later)."""
+        """cfg: the run's configuration as it is now (a resume replaces the trainer's first one by its checkpoint's);
+        which: last | best | period; at: (epoch, step) the weights finished; best: the run's best validation so far;
+        bad_files: the images skipped so far (a resumed run keeps counting them). weights: what to save instead of the
+        current (EMA) weights (a best.pt decided when its validation landed, an epoch later)."""
         if not s.is_main:
             return s.last_path
         path = path or (s.last_path if which == "last" else s.best_path)
@@ -55,7 +57,7 @@ class RunSaver:
         ema_is_model = weights is None and s.ema is not None
         if weights is None:
             weights = s.kept_net.state_dict()
-        record = model_record(s.family.name, s.size, s.names, weights, self.cfg.imgsz, self.cfg.to_dict())
+        record = model_record(s.family.name, s.size, s.names, weights, cfg.imgsz, cfg.to_dict())
         record.update(epoch=epoch, step=step, best_fitness=best.fitness, metrics=best.metrics)
         model = snapshot(record)
         if which == "last":

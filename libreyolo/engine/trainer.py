@@ -49,7 +49,7 @@ class Trainer:
         self._resumed_loss: dict[str, Any] | None = None  # a mid-epoch last.pt's loss sums of its epoch so far
         self._held: list[ev.Event] | None = []
         self._probe_scale = False  # a fresh float16 run reads its start loss scale off the first batch
-        self.saver = RunSaver(cfg, self.emit)  # closed when train() ends: one Trainer trains once
+        self.saver = RunSaver(self.emit)  # closed when train() ends: one Trainer trains once
         self.writer = self.saver.writer
 
     # --- events -------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ class Trainer:
     ) -> Path:
         """which: last (full train state) | best | period (weights only), at the loop's position (engine/saver.py)."""
         at = (self.epoch, self.step_in_epoch) if epoch is None else (epoch, 0)
-        return self.saver.save(self.s, which, at, self.best, self.bad_files, kind, path, wait, weights)
+        return self.saver.save(self.s, self.cfg, which, at, self.best, self.bad_files, kind, path, wait, weights)
 
     def restore(self, ckpt: dict[str, Any]) -> None:
         """Put a last.pt's train state back (once build_run has built everything)."""
