@@ -89,7 +89,7 @@ class PlotWriter:
         self._thread = threading.Thread(target=self._work, name="libreyolo-plots", daemon=True)
         self._thread.start()
         if train_labels is not None and self._mpl and task != "classify":  # a classifier's boxes are whole images
-            self._submit(J.labels_job, train_labels, self.names, self.run_dir / "labels.jpg")
+            self._submit(J.labels_job, lambda: (train_labels, self.names, self.run_dir / "labels.jpg"))
 
     # --- what the loop calls ------------------------------------------------------------------------
     def train_batch(self, epoch: int, img: Any, targets: Any, mask: Any) -> None:
@@ -153,7 +153,7 @@ class PlotWriter:
     # --- the thread ---------------------------------------------------------------------------------
     def _validation_plots(self, result: dict[str, Any]) -> None:
         if self._mpl and (self.run_dir / "results.csv").exists():
-            self._submit(figures.results, self.run_dir / "results.csv", self.run_dir / "results.png")
+            self._submit(figures.results, lambda: (self.run_dir / "results.csv", self.run_dir / "results.png"))
         names, run_dir, mpl, data = self.names, self.run_dir, self._mpl, self.val_dataset
         if self.task == "classify":
             if "pred" in result:
@@ -165,13 +165,15 @@ class PlotWriter:
                 )
             return
         curves, map50, boxes = result.get("curves"), float(result.get("map50", 0.0)), result.get("boxes")
-        samples = lambda: J.val_samples(result, data, self.val_batch, BATCHES)  # noqa: E731
+        val_batch = self.val_batch
+        samples = lambda: J.val_samples(result, data, val_batch, BATCHES)  # noqa: E731
         self._submit(J.detect_job, lambda: (curves, map50, boxes, names, samples(), run_dir, mpl))
 
-    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
-        """fn(*args) drawn off the loop; a single callable in args is called on the thread for fn's arguments."""
+    def _submit(self, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> None:
+        """fn(*gather()) drawn off the loop: gather runs on the writer's thread (it may wait on the device or read
+        this process's dataset), fn in the child."""
         try:
-            self._queue.put_nowait((fn, args))
+            self._queue.put_nowait((fn, gather))
         except queue.Full:
             self.dropped += 1
 
@@ -180,11 +182,9 @@ class PlotWriter:
             job = self._queue.get()
             if job is _STOP:
                 return
-            fn, args = job
+            fn, gather = job
             try:
-                if len(args) == 1 and callable(args[0]):
-                    args = args[0]()
-                self._draw(fn, args)
+                self._draw(fn, gather())
             except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
                 self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
 
