@@ -152,8 +152,8 @@ def test_the_training_process_never_draws_the_child_does(plot_data: Path, tmp_pa
 
 def test_a_child_that_died_leaves_the_drawing_to_the_thread(tmp_path: Path) -> None:
     w = PlotWriter(tmp_path, ["a", "b"], "detect", epochs=3, child=True)
-    assert w._pool is not None
-    for p in w._pool._processes.values():  # the child dies before the first job reaches it
+    assert w._child is not None and w._child._pool is not None
+    for p in w._child._pool._processes.values():  # the child dies before the first job reaches it
         p.kill()
         p.join()
     w.train_batch(0, *_batch())

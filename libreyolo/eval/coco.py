@@ -23,15 +23,12 @@ Costs measured on the 2-core CPU machine (docs/performance.md) and what follows 
 from __future__ import annotations
 
 import gc
-import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
 
 from libreyolo.eval.perclass import curves, per_class_table
-from libreyolo.forked import forked_pool
+from libreyolo.forked import KeptChild, forked_pool
 
 MAX_DETS = 100  # per image and class, as COCO's headline mAP
 PARALLEL_MIN_DETECTIONS = 200_000  # below this, starting processes costs more than it saves
@@ -163,48 +160,14 @@ class CocoAccumulator:
         return ids, np.column_stack([ids, sizes]), gt
 
 
-class EvalProcess:
-    """A child process, forked by start() or the first evaluation and kept for the next ones, in which `run`
-    evaluates (the caller's thread waits without the interpreter lock). Forked, not spawned: it starts in
-    milliseconds with what this process imported, and spawn would re-import the caller's script; the child runs
-    only numpy and faster-coco-eval, never CUDA. A child that died is not restarted: that evaluation and the later
-    ones run in the caller's process, as without one. close() ends it; a parent that ends without close() (killed,
-    or a crash's os._exit) leaves it to end itself within PARENT_CHECK_S."""
-
-    def __init__(self) -> None:
-        self._pool: ProcessPoolExecutor | None = None
-        self._broken = False
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        """Fork the child now (the fork holds the interpreter lock while the kernel copies this process's page
-        tables: 24 ms on the CPU machine), rather than beside the steps at the first evaluation."""
-        self._get_pool()
-
-    def _get_pool(self) -> ProcessPoolExecutor | None:
-        with self._lock:
-            if self._pool is None and not self._broken:
-                self._pool = forked_pool(1)
-                self._pool.submit(int)  # the executor forks its worker at the first submission
-            return self._pool
+class EvalProcess(KeptChild):
+    """The kept child (libreyolo/forked.py) the COCO evaluation of each validation runs in: it runs only numpy and
+    faster-coco-eval."""
 
     def run(
         self, images: np.ndarray, gt: np.ndarray, dt: np.ndarray, cats: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        pool = self._get_pool()
-        if pool is not None:
-            try:
-                return pool.submit(_evaluate, images, gt, dt, cats).result()
-            except BrokenProcessPool:
-                with self._lock:
-                    self._broken, self._pool = True, None
-        return _evaluate(images, gt, dt, cats)
-
-    def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        return self.call(_evaluate, images, gt, dt, cats)
 
 
 def clip_to_images(rows: np.ndarray, images: np.ndarray) -> np.ndarray:

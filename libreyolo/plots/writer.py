@@ -20,14 +20,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from libreyolo.forked import can_fork, forked_pool
+from libreyolo.forked import KeptChild, can_fork
 from libreyolo.plots import figures
 from libreyolo.plots import jobs as J
 
@@ -78,14 +76,14 @@ class PlotWriter:
         self._mpl = enabled and figures.available()
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE)
         self._thread: threading.Thread | None = None
-        self._pool: ProcessPoolExecutor | None = None
+        self._child: KeptChild | None = None
         if not enabled:
             return
         if not self._mpl:
             self.warn(MISSING)
         if can_fork() if child is None else child:
-            self._pool = forked_pool(1, _child_init)
-            self._pool.submit(int)  # forked now, from this thread and before the loop starts, not at the first job
+            self._child = KeptChild(_child_init)
+            self._child.start()  # forked now, from this thread and before the loop starts, not at the first job
         self._thread = threading.Thread(target=self._work, name="libreyolo-plots", daemon=True)
         self._thread.start()
         if train_labels is not None and self._mpl and task != "classify":  # a classifier's boxes are whole images
@@ -141,9 +139,9 @@ class PlotWriter:
         if stuck:
             self.errors.append(f"the plot thread did not finish within {CLOSE_S:g} s; its pictures were left")
         self._thread = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=not stuck, cancel_futures=True)
-            self._pool = None
+        if self._child is not None:
+            self._child.close(wait=not stuck)
+            self._child = None
         if self.errors:
             more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
             self.warn(f"plots: {self.errors[0]}{more}; the run's other files are complete")
@@ -166,8 +164,10 @@ class PlotWriter:
             return
         curves, map50, boxes = result.get("curves"), float(result.get("map50", 0.0)), result.get("boxes")
         val_batch = self.val_batch
-        samples = lambda: J.val_samples(result, data, val_batch, BATCHES)  # noqa: E731
-        self._submit(J.detect_job, lambda: (curves, map50, boxes, names, samples(), run_dir, mpl))
+        self._submit(
+            J.detect_job,
+            lambda: (curves, map50, boxes, names, J.val_samples(result, data, val_batch, BATCHES), run_dir, mpl),
+        )
 
     def _submit(self, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> None:
         """fn(*gather()) drawn off the loop: gather runs on the writer's thread (it may wait on the device or read
@@ -189,15 +189,11 @@ class PlotWriter:
                 self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
 
     def _draw(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        """In the child where there is one (this thread waits without the interpreter lock), else here. A child that
-        died is not restarted: this and the later jobs are drawn here."""
-        if self._pool is not None:
-            try:
-                self._pool.submit(fn, *args).result()
-                return
-            except BrokenProcessPool:
-                self._pool = None
-        fn(*args)
+        """In the child where there is one (it draws here once the child has died), else here."""
+        if self._child is not None:
+            self._child.call(fn, *args)
+        else:
+            fn(*args)
 
 
 def _child_init() -> None:
