@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from libreyolo.atomic import written_whole
 from libreyolo.data.config import label_path
 
 CACHE_VERSION = 2  # 2: shapes as displayed (EXIF orientation), dropped lines, polygon count
@@ -256,21 +257,19 @@ def no_boxes_message(ls: LabelSet, split: str, yaml_path: Path | str) -> str | N
 def _save_cache(path: Path, fp: str, ls: LabelSet) -> None:
     counts = np.array([len(x) for x in ls.labels], np.int64)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp.npz")
-        np.savez(
-            tmp,
-            fingerprint=np.array(fp),
-            files=np.array([str(p) for p in ls.files]),
-            counts=counts,
-            labels=np.concatenate(ls.labels) if ls.labels else np.zeros((0, 5), np.float32),
-            shapes=np.array(ls.shapes, np.int64).reshape(-1, 2),
-            skipped=np.array([f"{f}\t{r}" for f, r in ls.skipped] or [""]),
-            backgrounds=np.array(ls.backgrounds),
-            bad_lines=np.array([f"{f}\t{r}" for f, r in ls.bad_lines] or [""]),
-            polygons=np.array(ls.polygons),
-        )
-        os.replace(tmp, path)
+        with written_whole(path) as tmp:  # its name keeps .npz, which np.savez would otherwise append
+            np.savez(
+                tmp,
+                fingerprint=np.array(fp),
+                files=np.array([str(p) for p in ls.files]),
+                counts=counts,
+                labels=np.concatenate(ls.labels) if ls.labels else np.zeros((0, 5), np.float32),
+                shapes=np.array(ls.shapes, np.int64).reshape(-1, 2),
+                skipped=np.array([f"{f}\t{r}" for f, r in ls.skipped] or [""]),
+                backgrounds=np.array(ls.backgrounds),
+                bad_lines=np.array([f"{f}\t{r}" for f, r in ls.bad_lines] or [""]),
+                polygons=np.array(ls.polygons),
+            )
     except OSError:
         pass  # a cache is an optimisation; a read-only or full disk must not stop training
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from libreyolo.atomic import written_whole
 from libreyolo.data.coco import coco_split, image_root, is_coco_json, read_coco
 from libreyolo.data.config import DataConfig, list_images
 from libreyolo.data.folders import image_check, scan_classes
@@ -94,12 +95,10 @@ def _load_checks(path: Path, key: str, n: int) -> list[tuple[tuple[int, int], st
 
 
 def _save_checks(path: Path, key: str, checked: list[tuple[tuple[int, int], str | None]]) -> None:
+    shapes = np.array([s for s, _ in checked], np.int64).reshape(-1, 2)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp.npz")
-        shapes = np.array([s for s, _ in checked], np.int64).reshape(-1, 2)
-        np.savez(tmp, key=np.array(key), shapes=shapes, why=np.array([w or "" for _, w in checked]))
-        os.replace(tmp, path)
+        with written_whole(path) as tmp:  # its name keeps .npz, which np.savez would otherwise append
+            np.savez(tmp, key=np.array(key), shapes=shapes, why=np.array([w or "" for _, w in checked]))
     except OSError:
         pass  # a cache is an optimisation; a read-only or full disk must not stop training
 
