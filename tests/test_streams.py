@@ -75,3 +75,32 @@ def test_captures_on_two_threads_take_turns(monkeypatch):
         t.join()
     (a0, a1), (b0, b1) = sorted(spans)
     assert a1 <= b0, spans
+
+
+def test_each_capture_takes_the_side_streams_in_the_same_order_whatever_came_before(monkeypatch):
+    """Which branches share a side stream decides what the graph's memory pool can reuse (the allocator reuses a
+    block only on its own stream): two captures of one network must get the same streams, also after another
+    capture (or a failed one) used some."""
+    import contextlib
+
+    class FakeStream:
+        def __init__(self, device, priority=0):
+            self.priority = priority
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(streams, "_streams", {})
+    dev = torch.device("cuda", 0)
+
+    def captured(n: int) -> list:
+        with streams.capture(None):
+            return [streams._side_stream(dev) for _ in range(n)]
+
+    first = captured(14)
+    for _ in range(5):  # branches of an earlier capture that stopped part way
+        streams._side_stream(dev)
+    second = captured(14)
+    assert [id(s) for s in first] == [id(s) for s in second]
+    assert len({id(s) for s in first[:12]}) == 12 and first[12] is first[0] and first[13] is first[1]
+    assert all(s.priority == -1 for s in first)

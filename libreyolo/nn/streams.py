@@ -28,6 +28,11 @@ ENABLED = os.environ.get("LIBREYOLO_BRANCH_STREAMS", "1") != "0"
 _POOL = 12  # side streams per device; branches beyond it share one (still correct, less parallel)
 _streams: dict[int, list[torch.cuda.Stream]] = {}
 _next = [0]  # side branches started so far (side_branches())
+# the side stream the next branch takes, counted from the start of the capture underway. The caching allocator
+# reuses a freed block only for an allocation on the block's own stream, so which branches share a stream decides
+# how much memory the graph's pool needs: counted from each capture's start, a capture of one network gets the same
+# streams, and so the same pool, whatever was captured (or failed to capture) before it in the process
+_turn = [0]
 
 
 # one capture at a time in a process: every capture shares torch.cuda.graph's capture stream and these side streams,
@@ -48,6 +53,7 @@ def capture(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
     raises): the stream the caller had is made current again."""
     with _CAPTURES:
         before = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
+        _turn[0] = 0
         try:
             with torch.cuda.graph(graph, **kwargs):
                 yield
@@ -61,7 +67,9 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
     pool = _streams.setdefault(index, [])
     _next[0] += 1
-    if len(pool) < _POOL:
+    turn = _turn[0] % _POOL
+    _turn[0] += 1
+    if turn == len(pool):
         # from torch's pool of high-priority streams, which nothing else here takes from (the loader's upload and
         # the background validation take default-priority streams, which run outside the capture: sharing one
         # would pull their work into the graph). The pool is made before any capture (torch.cuda.graph takes
@@ -69,8 +77,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
         # to honour the priority each kernel was captured with, so side branches run ahead of the capturing
         # stream's kernels, and of the validation's, when both are ready (measured with this: docs/performance.md)
         pool.append(torch.cuda.Stream(device, priority=-1))
-        return pool[-1]
-    return pool[_next[0] % _POOL]
+    return pool[turn]
 
 
 def _record(value: Any, stream: torch.cuda.Stream) -> None:
