@@ -122,7 +122,7 @@ def test_tiny_variant_overfits_then_saves_loads_predicts_and_validates(overfit_d
     m = LibreYOLO("TinyDFINEt")
     metrics = m.train(
         data=str(overfit_data),
-        epochs=12,
+        epochs=20,
         imgsz=64,
         batch=8,
         nbs=8,
@@ -141,8 +141,9 @@ def test_tiny_variant_overfits_then_saves_loads_predicts_and_validates(overfit_d
     assert events[0]["loss_terms"] == ["vfl", "bbox", "giou", "fgl", "ddf"]
     ends = [e["losses"] for e in events if e["type"] == "epoch_end"]
     assert torch.isfinite(torch.tensor([list(e.values()) for e in ends])).all()
-    # the box terms fall; vfl and fgl are weighted by the IoU of each box, which rises as they do (12 epochs of
-    # 4 steps: bbox 2.66 -> 1.48, giou 7.10 -> 4.81, mAP50 0.38 at seed 0)
+    # the box terms fall; vfl and fgl are weighted by the IoU of each box, which rises as they do. 20 epochs of 4
+    # steps reach mAP50 0.65-0.90 at seeds 0-3 on 2 CPU cores (12 epochs reached 0.17-0.41: too near the bar, and
+    # where a run lands depends on the machine's kernels)
     box = [5 * e["bbox"] + 2 * e["giou"] for e in ends]
     assert box[-1] < 0.75 * box[0], box
     assert metrics["map50"] > 0.3, metrics
