@@ -76,6 +76,8 @@ def child(a: argparse.Namespace) -> None:
     rec = torch.load(a.child, weights_only=True)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.init()  # the allocator's per-device state exists only after CUDA's lazy start: its stats need it
     for mode in a.modes.split(","):
         row = {
             "libreyolo": getattr(libreyolo, "__version__", "1.6"),
