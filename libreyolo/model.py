@@ -30,12 +30,16 @@ class LibreYOLO:
     this project's checkpoint or a foreign one (LibreYOLO 1.6, official YOLOX, torchvision: docs/weights.md);
     pretrained="file" with a model name builds that model and starts its training from the file."""
 
+    family: Family
+    size: str
+    names: list[str]
+
     def __init__(
         self,
-        model: str | os.PathLike = "LibreYOLO9t",
+        model: str | os.PathLike[str] = "LibreYOLO9t",
         nc: int = 80,
         names: list[str] | None = None,
-        pretrained: bool | str | os.PathLike = True,
+        pretrained: bool | str | os.PathLike[str] = True,
     ):
         self.source = str(model)
         self._net: nn.Module | None = None  # a name's network is built on first use: train() builds its own instead
@@ -93,7 +97,7 @@ class LibreYOLO:
         self.loaded_note = str(ckpt.get("note") or "")
         if self.loaded_note:
             print(self.loaded_note, flush=True)
-        self.family: Family = get_family(ckpt["family"])
+        self.family = get_family(ckpt["family"])
         self.size, self.names = ckpt["size"], list(ckpt["names"])
         self.net = self.family.build(self.size, len(self.names))
         load_weights(self.net, ckpt["model"], f"checkpoint weights for {self.model_name}")
@@ -118,7 +122,7 @@ class LibreYOLO:
             print(line, flush=True)
         return self.net
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         record = model_record(self.family.name, self.size, self.names, self.net.state_dict(), self.imgsz)
         return save_atomic(snapshot(record).resolve(), path)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from libreyolo.errors import DeviceMemoryError, LibreYOLOError
+from libreyolo.families.built import BuiltModel
 
 if TYPE_CHECKING:
     from libreyolo.config import TrainConfig
@@ -123,7 +124,7 @@ class RunSpec:
     resumed: str | None = None  # the last.pt a resumed run continues: its batch and imgsz cannot change
 
 
-def train_spec(model: Any, cfg: TrainConfig, requested_batch: Any) -> RunSpec:
+def train_spec(model: BuiltModel, cfg: TrainConfig, requested_batch: Any) -> RunSpec:
     """A LibreYOLO.train run from its TrainConfig: pass the trainer's, read when the run failed, which is the resumed
     run's once the setup has read the checkpoint and holds autobatch's pick once made."""
     world = int(os.environ.get("WORLD_SIZE") or 1)  # a DDP rank (torchrun or the spawn launcher's worker)
@@ -134,7 +135,7 @@ def train_spec(model: Any, cfg: TrainConfig, requested_batch: Any) -> RunSpec:
     )
 
 
-def val_spec(model: Any, kwargs: dict[str, Any]) -> RunSpec:
+def val_spec(model: BuiltModel, kwargs: dict[str, Any]) -> RunSpec:
     from libreyolo.config import TrainConfig
 
     cfg = TrainConfig.from_overrides({"imgsz": model.imgsz, **kwargs}, family=model.family)

@@ -20,6 +20,7 @@ from libreyolo.data.labels import JPEG_SUFFIXES, truncated_jpeg
 from libreyolo.distributed.device import first_device
 from libreyolo.errors import DataError
 from libreyolo.eval.validator import to_input, to_original
+from libreyolo.families.built import BuiltModel
 from libreyolo.nn.nms import check_nms, split_detections
 from libreyolo.sources import open_source
 
@@ -133,7 +134,7 @@ def read_batches(source: Any, batch: int, results: Predictions) -> Iterator[list
 
 
 def run_predict(
-    model: Any,
+    model: BuiltModel,
     source: Any,
     conf: float = 0.25,
     iou: float = 0.7,
@@ -153,7 +154,7 @@ def run_predict(
 
 @torch.no_grad()
 def _detect(
-    model: Any,
+    model: BuiltModel,
     source: Any,
     device: str,
     results: Predictions,

@@ -13,6 +13,7 @@ import torch
 from libreyolo.data.augment import center_crop
 from libreyolo.distributed.device import first_device
 from libreyolo.eval.validator import to_input
+from libreyolo.families.built import BuiltModel
 from libreyolo.predict import Predictions, PredictStream, read_batches, run_or_stream
 
 
@@ -42,7 +43,7 @@ class ClassResults:
 
 
 def run_classify(
-    model: Any, source: Any, device: str, imgsz: int, top_k: int = 5, batch: int = 32, stream: bool = False
+    model: BuiltModel, source: Any, device: str, imgsz: int, top_k: int = 5, batch: int = 32, stream: bool = False
 ) -> Predictions | PredictStream:
     """-> a `ClassResults` per readable image (stream: an iterator of them). An unreadable image is skipped (a
     warning names it, `Predictions.skipped` lists it); none readable is an error."""
@@ -52,7 +53,7 @@ def run_classify(
 
 @torch.no_grad()
 def _classify(
-    model: Any, source: Any, device: str, imgsz: int, top_k: int, batch: int, results: Predictions
+    model: BuiltModel, source: Any, device: str, imgsz: int, top_k: int, batch: int, results: Predictions
 ) -> Iterator[ClassResults]:
     dev = first_device(device)
     net = model.net.to(dev).eval()

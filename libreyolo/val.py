@@ -12,6 +12,7 @@ from libreyolo.data.loader import cpu_count, default_workers, val_loader
 from libreyolo.distributed.device import parse_device
 from libreyolo.errors import ConfigError, DataError
 from libreyolo.eval.confusion import confusion_matrix
+from libreyolo.families.built import BuiltModel
 from libreyolo.nn.nms import check_nms
 from libreyolo.tasks import get_task
 
@@ -19,7 +20,7 @@ VAL_KEYS = {"imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "mu
 SPLITS = ("train", "val", "test")
 
 
-def run_val(model: Any, data: str | None = None, split: str = "val", **kwargs: Any) -> dict[str, Any]:
+def run_val(model: BuiltModel, data: str | None = None, split: str = "val", **kwargs: Any) -> dict[str, Any]:
     """-> the task's metrics (detection: precision, recall, map50, map; classification: top1, top5), losses,
     images, time_s (forward, loss, NMS), eval_s (COCO evaluation), detections (detection), skipped (files that could
     not be used); detection also per_class (a row per class in the dataset's names order: class, images, instances,

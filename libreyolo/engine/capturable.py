@@ -17,7 +17,7 @@ import torch
 
 from libreyolo.engine.ema import ModelEMA
 from libreyolo.engine.flat import FlatParams
-from libreyolo.engine.step import TrainCounters
+from libreyolo.engine.step import EagerStep, TrainCounters
 
 
 class CapturableUpdate:
@@ -176,7 +176,7 @@ class CapturableUpdate:
         torch._foreach_add_(e._ema_t, torch._foreach_mul(e._src_t, 1.0 - d))
 
     # --- host side ----------------------------------------------------------------------------------
-    def hand_back(self, eager: Any) -> None:
+    def hand_back(self, eager: EagerStep) -> None:
         """A step-down from the whole-step graph: torch's optimizer and the EMA update from here on, so their own
         counters take the device ones (the EMA's update count, AdamW's step per group; fused optimizers keep the
         step on the parameter's device), and eager's skipped-step count takes this epoch's so far."""

@@ -18,7 +18,7 @@ rank captures and replays the same graphs (NCCL requires a captured collective's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,7 +45,7 @@ class _FullGraph:
     items: torch.Tensor
 
 
-class FullGraphStep(GraphRunner):
+class FullGraphStep(GraphRunner[_FullGraph]):
     mode = "full"
 
     def __init__(
@@ -57,7 +57,7 @@ class FullGraphStep(GraphRunner):
         device: torch.device,
         capacity: int | None = None,
         fixed: bool = False,
-        lower: Callable[[], GraphRunner] | None = None,
+        lower: Callable[[], GraphRunner[Any]] | None = None,
     ):
         super().__init__(eager, emit, device, lower)
         self.captures_loss = True

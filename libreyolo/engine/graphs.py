@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -19,20 +19,21 @@ from libreyolo import events as ev
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.graphpool import GraphPool, empty_cache
 from libreyolo.engine.step import NO_PHASES, EagerStep, Phases, TrainCounters
-from libreyolo.engine.subgraphs import SubmoduleGraphs
+from libreyolo.engine.subgraphs import CapturedParts, SubmoduleGraphs
 from libreyolo.families import WHOLE_NET, CapturePlan
 from libreyolo.nn import streams
 
 Shape = tuple[int, ...]  # an input's shape (and a full step's target capacity; a graph's key adds its boundary flag)
 STABLE_AFTER = 3  # capture on the 3rd consecutive sighting of a shape
 MAX_GRAPHS = 4  # shapes (and micro/boundary variants) kept captured at once
+G = TypeVar("G")  # what a runner's capture makes and its replay runs
 
 
 def vram_mb(device: torch.device) -> tuple[float, float]:
     return torch.cuda.memory_allocated(device) / 2**20, torch.cuda.memory_reserved(device) / 2**20
 
 
-class GraphRunner:
+class GraphRunner(Generic[G]):
     """Shape bookkeeping, capture-or-eager decisions, step-down and events shared by both graph modes.
 
     lower: makes the runner one level down (the whole step's: the network graph), which takes over after a failed
@@ -45,10 +46,10 @@ class GraphRunner:
         eager: EagerStep,
         emit: Callable[[ev.Event], None],
         device: torch.device,
-        lower: Callable[[], Any] | None = None,
+        lower: Callable[[], GraphRunner[Any]] | None = None,
     ):
         self.eager, self.emit, self.device = eager, emit, device
-        self.graphs: dict[Shape, Any] = {}
+        self.graphs: dict[Shape, G] = {}
         self.pools: list[GraphPool] = []  # the memory pools of the graphs captured since the last release()
         self.last_shape: Shape | None = None
         self.repeats = 0
@@ -57,7 +58,7 @@ class GraphRunner:
         self._captures = 0
         self.captures_loss = False
         self.make_lower = lower
-        self.lower: Any = None  # the runner one level down, once this one has stepped down
+        self.lower: GraphRunner[Any] | None = None  # the runner one level down, once this one has stepped down
         self._why_next: str | None = None  # why the graphs were dropped: the next capture event says it
         self._side: torch.cuda.Stream | None = None
 
@@ -92,11 +93,11 @@ class GraphRunner:
     ) -> torch.Tensor:
         return self.eager(img, targets, mask, boundary, phases)
 
-    def capture(self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> Any:
+    def capture(self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> G:
         raise NotImplementedError
 
     def replay(
-        self, graph: Any, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
+        self, graph: G, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
     ) -> torch.Tensor:
         raise NotImplementedError
 
@@ -161,7 +162,7 @@ class GraphRunner:
 
     def _try_capture(
         self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool
-    ) -> Any:
+    ) -> G | None:
         if len(self.graphs) >= MAX_GRAPHS:
             return None
         cuda = self.device.type == "cuda"
@@ -307,7 +308,7 @@ class _NetGraph:
         self.single = False  # the network returns one tensor, not a tuple
 
 
-class NetworkGraphStep(GraphRunner):
+class NetworkGraphStep(GraphRunner["_NetGraph | CapturedParts"]):
     """cuda_graph=True: what the family's capture plan names in forward and backward graphs (for YOLOv9 the whole
     train net, auxiliary head included; or a list of submodules, subgraphs.py, with the rest eager); the loss,
     the optimizer step, clipping, the EMA and the LR schedule stay eager."""
@@ -325,7 +326,9 @@ class NetworkGraphStep(GraphRunner):
             return f"the forward and backward of {', '.join(self.parts.names)} (the rest eager)"
         return super().describe(key)
 
-    def capture(self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool) -> Any:
+    def capture(
+        self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool
+    ) -> _NetGraph | CapturedParts:
         # a pool per shape: graphs of two shapes may replay in any order, and one shape's outputs outlive its replay
         pool = self.new_pool()
         if self.parts is not None:
@@ -368,9 +371,16 @@ class NetworkGraphStep(GraphRunner):
         return g
 
     def replay(
-        self, g: Any, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool, phases: Phases
+        self,
+        g: _NetGraph | CapturedParts,
+        img: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        boundary: bool,
+        phases: Phases,
     ) -> torch.Tensor:
-        if self.parts is not None:
+        if isinstance(g, dict):  # the capture plan's submodules: what self.parts captured
+            assert self.parts is not None
             with self.parts.active(g):
                 return self.eager(img, targets, mask, boundary, phases)
         e = self.eager
@@ -385,6 +395,7 @@ class NetworkGraphStep(GraphRunner):
         with phases("backward"):
             e.scaler.scale(loss).backward()
             for dst, o in zip(g.grad_outs, outs):
+                assert o.grad is not None  # the loss reads every output the network graph returns
                 dst.copy_(o.grad)
             g.bwd.replay()
         if boundary:

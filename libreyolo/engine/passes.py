@@ -8,7 +8,7 @@ hook and opens the next pass there. Shared by the setup, which opens the first p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from libreyolo.config import TrainConfig
 from libreyolo.data.dataset import capacity_bound
 from libreyolo.data.loader import TrainBatchSampler
+from libreyolo.families.base import HookFn
 
 
 def mosaic_on(cfg: TrainConfig, epoch: int) -> bool:
@@ -29,7 +30,7 @@ def target_capacity(cfg: TrainConfig, labels: list[np.ndarray], start_epoch: int
     return capacity_bound(labels, cfg.mosaic if mosaic else 0.0)
 
 
-def hook_due(cfg: TrainConfig, hooks: dict[str, Any], epoch: int, start_epoch: int) -> bool:
+def hook_due(cfg: TrainConfig, hooks: Mapping[str, HookFn], epoch: int, start_epoch: int) -> bool:
     """The family's mosaic_close hook is due: at the epoch mosaic closes, or at the first epoch of a run
     (resumed, or shorter than no_aug_epochs) that starts after it, so the hook's change is never lost."""
     close = cfg.epochs - cfg.no_aug_epochs
@@ -39,13 +40,13 @@ def hook_due(cfg: TrainConfig, hooks: dict[str, Any], epoch: int, start_epoch: i
 
 def open_pass(
     cfg: TrainConfig,
-    hooks: dict[str, Any],
+    hooks: Mapping[str, HookFn],
     sampler: TrainBatchSampler,
-    loader: Any,
+    loader: Iterable[Any],
     epoch: int,
     start_epoch: int,
     start: int,
-) -> tuple[Any, int]:
+) -> tuple[Iterator[Any], int]:
     """Point the sampler at epoch (from batch `start`) and the epochs after it up to the run's end or the next
     hook epoch, and start the loader's iterator: persistent workers begin decoding at once. -> (iterator, the
     epoch the pass ends before). The caller runs a hook due at `epoch` first."""

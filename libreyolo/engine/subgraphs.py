@@ -50,6 +50,10 @@ def _run(g: _ModuleGraph, graph: torch.cuda.CUDAGraph, what: str) -> None:
         timings.append((a, b))
 
 
+# what SubmoduleGraphs.capture makes: each captured submodule's graphs by its name
+CapturedParts = dict[str, _ModuleGraph]
+
+
 class _Replay(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, g: _ModuleGraph, x: torch.Tensor, anchor: torch.Tensor) -> Any:
@@ -92,7 +96,7 @@ class SubmoduleGraphs:
         return forward
 
     @contextlib.contextmanager
-    def active(self, graphs: dict[str, _ModuleGraph]) -> Iterator[None]:
+    def active(self, graphs: CapturedParts) -> Iterator[None]:
         self._active = graphs
         try:
             yield
@@ -122,7 +126,7 @@ class SubmoduleGraphs:
             raise RuntimeError(f"capture plan names {sorted(missing)}, which the forward never called")
         return seen
 
-    def capture(self, img: torch.Tensor, pool: tuple[int, int]) -> dict[str, _ModuleGraph]:
+    def capture(self, img: torch.Tensor, pool: tuple[int, int]) -> CapturedParts:
         """Every named module's forward and backward graphs, in the memory pool `pool` (the runner's, which it gives
         back when it drops these graphs)."""
         e = self.eager

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from libreyolo.eval.graphed import EvalGraph
 
 if TYPE_CHECKING:
     from libreyolo.families import Family
@@ -37,8 +40,8 @@ def start_topk_validation(
     autocast_dtype: torch.dtype | None,
     to_input: Callable[[torch.Tensor], torch.Tensor],
     size: int | None,
-    graph: Any,
-    stages: Any,
+    graph: EvalGraph | None,
+    stages: Callable[[str], AbstractContextManager[Any]],
 ) -> dict[str, Any]:
     """Forward (padded to `size` images when set, through `graph` when given), loss and top-k counts per batch.
     -> top1, top5, losses, images, time_s, bad; and per image (in loader order) for the plots: label, pred (the best

@@ -20,11 +20,12 @@ from libreyolo.export.graph import NmsGraph, as_list
 from libreyolo.export.meta import ExportMeta, jit_load
 from libreyolo.export.options import ExportOptions, parse_options
 from libreyolo.families.base import ExportSpec
+from libreyolo.families.built import BuiltModel
 
 SUFFIX = {"onnx": ".onnx", "torchscript": ".torchscript"}
 
 
-def refuse(model: Any, spec: ExportSpec, opts: ExportOptions) -> None:
+def refuse(model: BuiltModel, spec: ExportSpec, opts: ExportOptions) -> None:
     """What cannot be exported is an error before anything is traced or written."""
     name = model.model_name
     if opts.nms and spec.boxes_scores is None:
@@ -45,7 +46,7 @@ def refuse(model: Any, spec: ExportSpec, opts: ExportOptions) -> None:
         raise ConfigError("simplify=true is for format=onnx")
 
 
-def default_path(model: Any, fmt: str) -> Path:
+def default_path(model: BuiltModel, fmt: str) -> Path:
     """Beside the weights the model was loaded from, or those its last training run left (best.pt); a model
     built from a name alone: in the working folder, under its name."""
     src = Path(model.source)
@@ -55,7 +56,7 @@ def default_path(model: Any, fmt: str) -> Path:
     return src.with_suffix(SUFFIX[fmt]) if src.is_file() else Path(f"{model.model_name}{SUFFIX[fmt]}")
 
 
-def export_model(model: Any, log: Callable[[str], None] = print, **kwargs: Any) -> Path:
+def export_model(model: BuiltModel, log: Callable[[str], None] = print, **kwargs: Any) -> Path:
     """-> the exported file's path. kwargs: the export keys (options.py)."""
     opts = parse_options(kwargs)
     if getattr(model, "exported", None) is not None:

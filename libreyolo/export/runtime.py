@@ -14,6 +14,7 @@ import torch
 from libreyolo.errors import ConfigError
 from libreyolo.export.meta import ExportMeta, jit_load, need, read_meta
 from libreyolo.families import Family, get_family
+from libreyolo.families.built import BuiltModel
 
 
 class GraphForward:
@@ -104,7 +105,7 @@ class PackedFamily:
         )
 
 
-def load_exported(model: Any, path: Path) -> None:
+def load_exported(model: BuiltModel, path: Path) -> None:
     """Fill a LibreYOLO from an exported file: family, size, classes, image size, metrics, and the network whose
     forward is the graph."""
     meta = read_meta(path)

@@ -19,7 +19,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 from libreyolo.keys import Key, key_list
 
 if TYPE_CHECKING:
-    from libreyolo.families.base import ExampleOutputs, FamilyImpl, HookFn, PostprocessFn, ScheduleFn
+    from collections.abc import Callable
+
+    from torch import nn
+
+    from libreyolo.families.base import (
+        Converter,
+        ExampleOutputs,
+        ExportSpec,
+        FamilyImpl,
+        HookFn,
+        LossFactory,
+        PostprocessFn,
+        ScheduleFn,
+    )
 
 # the moments a family hook may be called at (FamilyImpl.hooks keys)
 HOOKS = ("mosaic_close",)  # before the first epoch without mosaic (YOLOX switches its L1 term on)
@@ -138,24 +151,24 @@ class Family:
             _IMPLS[self.name] = got
         return got
 
-    def converters(self) -> tuple[Any, ...]:
+    def converters(self) -> tuple[Converter, ...]:
         """The family's foreign-checkpoint converters (families/base.py's Converter), imported on first use."""
         return tuple(getattr(importlib.import_module(self.convert), "CONVERTERS", ())) if self.convert else ()
 
-    def export_spec(self) -> Any:
+    def export_spec(self) -> ExportSpec | None:
         """The family's ExportSpec (families/base.py), imported on first use; None when it declares none."""
         return getattr(importlib.import_module(self.export), "EXPORT") if self.export else None  # noqa: B009
 
     @property
-    def build(self) -> Any:
+    def build(self) -> Callable[[str, int], nn.Module]:
         return self.implementation().build
 
     @property
-    def train_net(self) -> Any:
+    def train_net(self) -> Callable[[nn.Module, RunKeys], nn.Module]:
         return self.implementation().train_net
 
     @property
-    def loss(self) -> Any:
+    def loss(self) -> LossFactory:
         return self.implementation().loss
 
     @property
@@ -163,7 +176,7 @@ class Family:
         return self.implementation().postprocess
 
     @property
-    def param_groups(self) -> Any:
+    def param_groups(self) -> Callable[[nn.Module], list[dict[str, Any]]] | None:
         return self.implementation().param_groups
 
     @property

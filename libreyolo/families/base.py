@@ -45,6 +45,11 @@ class LossFn(Protocol):
         host synchronisation where the family supports whole-step capture."""
 
 
+class LossFactory(Protocol):
+    def __call__(self, net: nn.Module, cfg: RunKeys, reduce_normalizer: Reduce | None = None, /) -> LossFn:
+        """(network, the run's keys, DDP's all-reduce of the loss normaliser or None) -> the loss function."""
+
+
 class PostprocessFn(Protocol):
     def __call__(
         self,
@@ -150,7 +155,7 @@ class FamilyImpl:
 
     build: Callable[[str, int], nn.Module]  # (size, num_classes) -> network, random init
     train_net: Callable[[nn.Module, RunKeys], nn.Module]  # (network, the run's keys) -> what the step runs
-    loss: Callable[[nn.Module, RunKeys, Reduce | None], LossFn]  # (network, cfg, normalizer reduce) -> loss fn
+    loss: LossFactory
     postprocess: PostprocessFn
     param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None  # None: engine.optim.param_groups
     schedule: ScheduleFn | None = None  # None: engine.optim.apply_schedule (warm-up, then linear or cosine)

@@ -8,10 +8,11 @@ import torch
 from torch import nn
 
 from libreyolo.errors import ConfigError
+from libreyolo.families.built import BuiltModel
 from libreyolo.weights import load
 
 
-def start_from(model: Any, path: Any, freeze_value: Any) -> list[str]:
+def start_from(model: BuiltModel, path: Any, freeze_value: Any) -> list[str]:
     """A new run's start (LibreYOLO.prepare_for_training): the network takes what fits of the pretrained= file (a
     path or None), then freeze= applies. -> the lines saying what was read, loaded and frozen."""
     lines = []

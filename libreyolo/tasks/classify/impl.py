@@ -12,17 +12,22 @@ from torch import nn
 
 from libreyolo.config import TrainConfig
 from libreyolo.data.classify import ClassifyDataset
+from libreyolo.data.config import DataConfig
 from libreyolo.data.folders import load_classify_config
+from libreyolo.data.labels import LabelSet
 from libreyolo.data.splits import scan_class_split
+from libreyolo.eval.coco import EvalProcess
+from libreyolo.eval.graphed import EvalGraph
 from libreyolo.eval.topk import start_topk_validation
-from libreyolo.eval.validator import PendingValidation, no_stages, to_input
+from libreyolo.eval.validator import PendingValidation, Stages, no_stages, to_input
+from libreyolo.families.built import BuiltModel
 from libreyolo.tasks.base import TaskImpl
 
 if TYPE_CHECKING:
     from libreyolo.families import Family
 
 
-def scan(data: Any, split: str, notes: list[str], allow_empty: bool) -> Any:
+def scan(data: DataConfig, split: str, notes: list[str], allow_empty: bool) -> LabelSet:
     return scan_class_split(data, split, notes)
 
 
@@ -40,11 +45,11 @@ def start_validation(
     channels_last: bool = False,
     static_shape: bool = False,
     eval_workers: int = 1,
-    stages: Any = None,
+    stages: Stages | None = None,
     background: bool = True,
-    graph: Any = None,
+    graph: EvalGraph | None = None,
     multi_label: bool = True,
-    eval_process: Any = None,
+    eval_process: EvalProcess | None = None,
 ) -> PendingValidation:
     """Top-1 / top-5 on the device, with the detection validator's signature: no boxes, nothing left to evaluate
     in the background (conf, iou, max_det, multi_label, eval_workers and eval_process do not apply)."""
@@ -64,7 +69,7 @@ def start_validation(
 
 
 def predict(
-    model: Any,
+    model: BuiltModel,
     source: Any,
     conf: float,
     iou: float,

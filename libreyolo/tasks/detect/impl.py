@@ -7,19 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from libreyolo.config import TrainConfig, resolve_multi_label
-from libreyolo.data.config import load_data_config
+from libreyolo.data.config import DataConfig, load_data_config
 from libreyolo.data.dataset import YOLODataset
+from libreyolo.data.labels import LabelSet
 from libreyolo.data.splits import scan_split
 from libreyolo.eval.validator import start_validation
+from libreyolo.families.built import BuiltModel
 from libreyolo.tasks.base import TaskImpl
 
 
-def scan(data: Any, split: str, notes: list[str], allow_empty: bool) -> Any:
+def scan(data: DataConfig, split: str, notes: list[str], allow_empty: bool) -> LabelSet:
     return scan_split(data, split, data.nc, notes, allow_empty)
 
 
 def predict(
-    model: Any,
+    model: BuiltModel,
     source: Any,
     conf: float,
     iou: float,
