@@ -67,6 +67,20 @@ def _form_field(screen: str, key: str) -> str:
     return row[13:39].strip()
 
 
+def _tab_to_model(tmux: Tmux, name: str) -> None:
+    """Tab until the model field has the focus. The form focuses Start once it is shown, and Textual may
+    apply that after keys already sent (two tabs then end on Cancel), so each tab waits for what it did."""
+    for _ in range(24):  # more than one turn through the form's fields and buttons
+        before = tmux.screen(name)
+        tmux.keys(name, "Tab")
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and tmux.screen(name) == before:
+            time.sleep(0.1)
+        if " model: " in tmux.screen(name):
+            return
+    pytest.fail(f"the model field never took the focus; the screen was:\n{tmux.screen(name)}")
+
+
 def _fill_form(tmux: Tmux, name: str, data, epochs: int) -> None:
     """From the model field, tab to each field, clear it and type its value, as a person would."""
     for key, value in (
@@ -103,9 +117,7 @@ def test_console_survives_an_ssh_drop_and_a_new_console_reattaches(tiny_data, tm
         tmux.start("first", console)
         tmux.wait("first", lambda s: "$ libreyolo train" in s and "Start" in s, "the new-run form")
         # tab from Start past Cancel to the fields, typing as a person would (waiting for each to show up)
-        tmux.keys("first", "Tab")
-        tmux.keys("first", "Tab")
-        tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
+        _tab_to_model(tmux, "first")
         # enough epochs that the run is still going through the drop and the re-attach: an epoch of the tiny
         # set takes about a second on the CPU machine, so a short run could end before the checks below
         _fill_form(tmux, "first", tiny_data, epochs=EPOCHS)
@@ -170,9 +182,7 @@ def test_two_live_runs_outlive_the_console_and_each_reattaches_from_the_list(tin
             if i:
                 tmux.keys("first", "n")  # from the first run's view
             tmux.wait("first", lambda s: "$ libreyolo train" in s and "Start" in s, "the new-run form")
-            tmux.keys("first", "Tab")
-            tmux.keys("first", "Tab")
-            tmux.wait("first", lambda s: " model: " in s, "focus on the model field")
+            _tab_to_model(tmux, "first")
             _fill_form(tmux, "first", tiny_data, epochs=EPOCHS)  # long enough to outlive the rest of the test
             tmux.keys("first", "C-s")
             tmux.wait(

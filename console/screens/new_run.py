@@ -25,6 +25,9 @@ START_HINT = "enter on Start trains; tab moves between fields; ctrl+s starts fro
 
 
 class NewRunScreen(Screen[None]):
+    # one key press (enter) trains the demo. Textual's screen focuses AUTO_FOCUS when it becomes active; a
+    # focus() in on_mount would come after that default (the first field) had already shown its help
+    AUTO_FOCUS = "#start"
     BINDINGS = [
         Binding("ctrl+s", "start", "Start", priority=True),
         Binding("ctrl+o", "pick_data", "Data file", priority=True),
@@ -57,7 +60,6 @@ class NewRunScreen(Screen[None]):
         self.sub_title = "new run"
         self.refresh_command()
         self.query_one("#form-hint", Static).update(START_HINT)
-        self.query_one("#start", Button).focus()  # one key press (enter) trains the demo
 
     def on_run_form_changed(self, _: RunForm.Changed) -> None:
         self.refresh_command()
