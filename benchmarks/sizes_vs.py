@@ -9,8 +9,10 @@ and the mode `cuda_graph=auto` picks, `full`, or `graph` for RT-DETR), `benchmar
 and its `cuda_graph=True`; --ly16 is the folder 1.6 is installed in) and, for YOLOv9, `benchmarks/ultralytics_step.py`
 (Ultralytics' `yolov9<size>.yaml`; --ul is a folder holding the ultralytics package, put first on the path, since
 the project does not depend on it). Every program's JSON lines are appended to --out as they come, tagged with the
-library and the spec, so a call cut short keeps what it measured; once less than 20 s of --budget is left, the
-rest is written as skipped. --libs leaves libraries out (`ours` alone needs neither folder)."""
+library and the spec, so a call cut short keeps what it measured; a program that fails leaves its exit status and
+the last 20,000 characters of its stderr (a native crash at exit prints a long stack below the Python error). Once
+less than 20 s of --budget is left, the rest is written as skipped. --libs leaves libraries out (`ours` alone needs
+neither folder)."""
 
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ def measure(a: argparse.Namespace) -> None:
                 for ln in lines:
                     emit({"lib": lib, "spec": spec, "s": round(time.monotonic() - t0, 1), "row": json.loads(ln)})
                 if p.returncode or not lines:
-                    emit({"lib": lib, "spec": spec, "rc": p.returncode, "error": p.stderr[-3000:]})
+                    emit({"lib": lib, "spec": spec, "rc": p.returncode, "error": p.stderr[-20000:]})
                 print(f"{lib} {spec}: exit {p.returncode}, {time.monotonic() - t0:.1f} s", flush=True)
 
 
