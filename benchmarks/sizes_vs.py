@@ -24,22 +24,31 @@ import sys
 import time
 from pathlib import Path
 
+import libreyolo16_families as families16  # beside this script: each family's model prefix and sizes, smallest first
+
+from libreyolo.families import get_family
+
 HERE = Path(__file__).resolve().parent
-PREFIX = {"yolo9": "LibreYOLO9", "yolox": "LibreYOLOX", "rtdetr": "LibreRTDETR"}
-ORDER = {"yolo9": "tsmc", "yolox": "ntsmlx"}  # the published sizes, smallest first (RT-DETR: by depth)
-DEFAULT_MODE = {"yolo9": "full", "yolox": "full", "rtdetr": "graph"}  # what cuda_graph=auto picks for each
+DETECTORS = ("yolo9", "yolox", "rtdetr")  # issue 49's detector families
+
+
+def auto_mode(fam: str) -> str:
+    """bench step's name for the mode cuda_graph=auto picks on one GPU: the whole step where the family's capture
+    plan allows it, else the network graph (engine/runners.py)."""
+    return "full" if get_family(fam).capture.full_step else "graph"
 
 
 def commands(spec: str, a: argparse.Namespace) -> list[tuple[str, list[str], dict[str, str] | None]]:
     """(library, argv, environment) of each program that spec runs, in order."""
     fam, size, batch = spec.split(":")
-    if fam not in PREFIX:
-        raise SystemExit(f"{spec}: family {fam!r} is not one of {', '.join(PREFIX)}")
+    if fam not in DETECTORS:
+        raise SystemExit(f"{spec}: family {fam!r} is not one of {', '.join(DETECTORS)}")
     steps = ["--steps", str(a.steps), "--warmup", str(a.warmup), "--device", a.device]
     out: list[tuple[str, list[str], dict[str, str] | None]] = []
     if "ours" in a.libs:
-        argv = ["libreyolo", "bench", "step", f"model={PREFIX[fam]}{size}", f"batch={batch}", f"imgsz={a.imgsz}"]
-        argv += [f"modes=eager,{DEFAULT_MODE[fam]}", f"steps={a.steps}", f"warmup={a.warmup}", "kernels=false"]
+        argv = ["libreyolo", "bench", "step", f"model={families16.FAMILIES[fam].prefix}{size}", f"batch={batch}"]
+        argv += [f"imgsz={a.imgsz}", f"modes=eager,{auto_mode(fam)}", f"steps={a.steps}", f"warmup={a.warmup}"]
+        argv += ["kernels=false"]
         out.append(("ours", [*argv, "json=true", f"device={a.device.removeprefix('cuda:')}"], None))
     if "ly16" in a.libs:
         argv = [sys.executable, str(HERE / "libreyolo16_step.py"), "--ly16", str(a.ly16), "--family", fam]
@@ -101,7 +110,7 @@ def table(path: Path, date: str, hardware: str) -> list[str]:
 
     def order(key: tuple[str, str, int]) -> tuple[int, int, int]:
         fam, size, batch = key
-        return list(PREFIX).index(fam), batch, ORDER[fam].find(size) if fam in ORDER else int(size.lstrip("r"))
+        return DETECTORS.index(fam), batch, families16.FAMILIES[fam].sizes.index(size)
 
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
@@ -110,11 +119,11 @@ def table(path: Path, date: str, hardware: str) -> list[str]:
     for key in sorted(got, key=order):
         fam, size, batch = key
         d = got[key]
-        ours = d.get(f"ours {DEFAULT_MODE[fam]}")
+        ours = d.get(f"ours {auto_mode(fam)}")
         ly16 = [d[m] for m in ("ly16 eager", "ly16 graph") if m in d]
         p = params.get((fam, size))
         cells = [
-            f"{PREFIX[fam]}{size}",
+            f"{families16.FAMILIES[fam].prefix}{size}",
             f"{p / 1e6:.1f}M" if p else "-",
             str(batch),
             ms(d.get("ours eager")),
