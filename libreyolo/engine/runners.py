@@ -1,7 +1,7 @@
 """Which step runner a run uses: `cuda_graph=auto|full|true|false` against what the family and the run allow.
 
 auto, the default, is the fastest path that applies: the whole-step graph (fullstep.py) where the family's
-capture plan allows it and the run is one CUDA process, the network graph (graphs.py) where only the
+capture plan allows it and the run is one CUDA process, the network graph (netgraph.py) where only the
 network can be captured, eager otherwise (CPU, MPS, Gloo). An explicit true/full that cannot apply falls back
 to eager with one `graph` event saying why, as before; `full` for a family that can only capture its network
 (or parts of it: RT-DETR's host-side matching) falls back to `true`, with one event naming the family's reason.
@@ -19,7 +19,7 @@ import torch
 
 from libreyolo import events as ev
 from libreyolo.engine.fullstep import FullGraphStep
-from libreyolo.engine.graphs import NetworkGraphStep
+from libreyolo.engine.netgraph import NetworkGraphStep
 from libreyolo.engine.step import EagerStep, StepRunner
 from libreyolo.errors import ConfigError
 

@@ -60,7 +60,7 @@ class TrainSetup:
     device: torch.device
     parts: StepParts
     loaders: Loaders
-    step: StepRunner  # EagerStep or a CUDA-graph runner (engine/graphs.py, fullstep.py)
+    step: StepRunner  # EagerStep or a CUDA-graph runner (engine/netgraph.py, fullstep.py)
     eager: EagerStep  # the eager step (a graph runner's warm-up and fallback path)
     graph_mode: bool | str  # what cuda_graph the run uses (auto resolved): "full", True or False
     graph_reason: str  # one line: why

@@ -46,7 +46,7 @@ class TrainCounters(NamedTuple):
 
 
 class StepRunner(Protocol):
-    """What the trainer calls for a step: EagerStep, or a CUDA-graph runner (graphs.py, fullstep.py)."""
+    """What the trainer calls for a step: EagerStep, or a CUDA-graph runner (netgraph.py, fullstep.py)."""
 
     skipped: torch.Tensor | None  # float16 optimizer steps skipped for inf/NaN gradients since last read (device)
     captures_loss: bool  # whether a captured graph holds the loss (a change to the loss then needs a re-capture)
