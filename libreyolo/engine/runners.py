@@ -1,10 +1,12 @@
 """Which step runner a run uses: `cuda_graph=auto|full|true|false` against what the family and the run allow.
 
-auto, the default, is the fastest path that applies: the whole-step graph (fullstep.py) where the family's
-capture plan allows it and the run is one CUDA process, the network graph (netgraph.py) where only the
-network can be captured, eager otherwise (CPU, MPS, Gloo). An explicit true/full that cannot apply falls back
-to eager with one `graph` event saying why, as before; `full` for a family that can only capture its network
-(or parts of it: RT-DETR's host-side matching) falls back to `true`, with one event naming the family's reason.
+auto, the default, captures as much as applies, without timing the modes: the whole-step graph (fullstep.py) where
+the family's capture plan allows it and the run is one CUDA process, the network graph (netgraph.py) where only the
+network can be captured, eager otherwise (CPU, MPS, Gloo). That was the fastest mode in most sizes measured; for
+some of the largest, eager measured faster (docs/performance.md, "Every size against LibreYOLO 1.6 and
+Ultralytics"). An explicit true/full that cannot apply falls back to eager with one `graph` event saying why, as
+before; `full` for a family that can only capture its network (or parts of it: RT-DETR's host-side matching) falls
+back to `true`, with one event naming the family's reason.
 
 Under DDP over NCCL the graphs apply as in one process: the step keeps flat gradients and averages them with one
 all-reduce (distributed/context.py grad_reducer), which the whole-step graph captures and the network graph runs
