@@ -104,3 +104,45 @@ def test_each_capture_takes_the_side_streams_in_the_same_order_whatever_came_bef
     assert [id(s) for s in first] == [id(s) for s in second]
     assert len({id(s) for s in first[:12]}) == 12 and first[12] is first[0] and first[13] is first[1]
     assert all(s.priority == -1 for s in first)
+
+
+def test_the_cublas_workspace_of_the_capture_stream_is_made_before_the_capture_and_runners_share_a_warmup_stream(
+    monkeypatch,
+):
+    """cuBLAS keeps a workspace for each (thread's handle, stream) pair it has run on, for the life of the process
+    (32 MiB on Hopper). A capture primes its capture stream first, so that the workspace is not allocated in the
+    graph's pool (where it kept a failed capture's pool alive: tests/test_capture_gpu.py measures that), and every
+    runner's warm-up steps share one stream per device and user instead of taking a new one each."""
+
+    class FakeStream:
+        def __init__(self, device=None, priority=0):
+            self.device = device
+
+    order: list[tuple[str, object]] = []
+    capture_stream = FakeStream()
+
+    class FakeGraph:
+        def __init__(self, graph, **kwargs):
+            self.capture_stream = capture_stream
+
+        def __enter__(self):
+            order.append(("capture", self.capture_stream))
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "graph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(streams, "_prime_blas", lambda s: order.append(("prime", s)))
+    monkeypatch.setattr(streams, "_warmups", {})
+    with streams.capture(None, capture_error_mode="thread_local"):
+        pass
+    assert order == [("prime", capture_stream), ("capture", capture_stream)]
+
+    dev = torch.device("cuda", 0)
+    train = streams.warmup_stream(dev)
+    assert streams.warmup_stream(dev) is train and streams.warmup_stream(torch.device("cuda", 0), "train") is train
+    val = streams.warmup_stream(dev, "val")
+    assert val is not train and streams.warmup_stream(dev, "val") is val
+    assert streams.warmup_stream(torch.device("cuda", 1)) is not train

@@ -19,6 +19,7 @@ from libreyolo import events as ev
 from libreyolo.engine.flat import FlatParams
 from libreyolo.engine.graphpool import GraphPool, empty_cache
 from libreyolo.engine.step import NO_PHASES, EagerStep, Phases, TrainCounters
+from libreyolo.nn import streams
 
 Shape = tuple[int, ...]  # an input's shape (and a full step's target capacity; a graph's key adds its boundary flag)
 STABLE_AFTER = 3  # capture on the 3rd consecutive sighting of a shape
@@ -57,7 +58,6 @@ class GraphRunner(Generic[G]):
         self.make_lower = lower
         self.lower: GraphRunner[Any] | None = None  # the runner one level down, once this one has stepped down
         self._why_next: str | None = None  # why the graphs were dropped: the next capture event says it
-        self._side: torch.cuda.Stream | None = None
 
     @property
     def captures(self) -> int:
@@ -148,13 +148,12 @@ class GraphRunner(Generic[G]):
         so BatchNorm statistics see exactly what eager training would)."""
         if self.device.type != "cuda":  # only tests drive a runner without a GPU
             return self.run_eager(img, targets, mask, boundary, phases)
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
+        side = streams.warmup_stream(self.device)
         cur = torch.cuda.current_stream(self.device)
-        self._side.wait_stream(cur)
-        with torch.cuda.stream(self._side):
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
             out = self.run_eager(img, targets, mask, boundary, phases)
-        cur.wait_stream(self._side)
+        cur.wait_stream(side)
         return out
 
     def _try_capture(

@@ -157,7 +157,7 @@ class SubmoduleGraphs:
             # and lazy state initialises here, not inside the capture; its gradients are discarded and the buffers
             # it updated (BatchNorm statistics) restored, so training sees only real steps
             saved = [b.detach().clone() for b in module.buffers()]
-            side = torch.cuda.Stream(g.x.device)
+            side = streams.warmup_stream(g.x.device)
             side.wait_stream(torch.cuda.current_stream(g.x.device))
             with torch.cuda.stream(side):
                 warm = self._forward(unpatched, params, g.x)

@@ -81,7 +81,7 @@ class EvalGraph:
         self, key: tuple, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]
     ) -> None:
         # warm-up on a side stream first (cuDNN and cuBLAS set themselves up outside the capture)
-        side = torch.cuda.Stream(x.device)
+        side = streams.warmup_stream(x.device, "val")
         side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):
             self._body(x, targets, mask, imgsz, self.loss_in_graph)

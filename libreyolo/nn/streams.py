@@ -38,6 +38,7 @@ _turn = [0]
 # one capture at a time in a process: every capture shares torch.cuda.graph's capture stream and these side streams,
 # and the validation's graph may be captured on its own thread while a training step is being re-captured
 _CAPTURES = threading.Lock()
+_warmups: dict[tuple[int, str], torch.cuda.Stream] = {}
 
 
 def no_capture() -> threading.Lock:
@@ -54,13 +55,42 @@ def capture(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
     with _CAPTURES:
         before = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
         _turn[0] = 0
+        ctx = torch.cuda.graph(graph, **kwargs)
+        stream = getattr(ctx, "capture_stream", None)  # torch.cuda.graph's attribute, not documented API
+        if stream is not None:
+            _prime_blas(stream)
         try:
-            with torch.cuda.graph(graph, **kwargs):
+            with ctx:
                 yield
         except BaseException:
             if before is not None:
                 torch.cuda.set_stream(before)
             raise
+
+
+def _prime_blas(stream: torch.cuda.Stream) -> None:
+    """One small matrix product (float32, and float16 with a bias: cuBLAS and cuBLASLt) on the capture stream,
+    outside the capture. cuBLAS keeps a workspace (32 MiB on Hopper) for each (thread's handle, stream) pair it
+    has run on, made at the pair's first product and kept for the life of the process. Made inside a capture it
+    would be allocated in that graph's pool, and keep that pool's memory after its graphs are dropped (a
+    re-capture, a step-down); made here it lives in the general pool, and every capture of this thread shares it."""
+    with torch.cuda.stream(stream):
+        a = torch.ones(8, 8, device=stream.device)
+        torch.mm(a, a)
+        h = a.half()
+        torch.nn.functional.linear(h, h, h[0])
+
+
+def warmup_stream(device: torch.device, user: str = "train") -> torch.cuda.Stream:
+    """The stream a thread's uncaptured steps and capture warm-ups run on (CUDA graphs want them off the capturing
+    stream): one per device and user for the whole process ("train": the step runners; "val": the validation's
+    graph, whose thread runs beside training and must not queue work behind it). A stream of its own for each
+    runner or capture would leave one more cuBLAS workspace (_prime_blas) each time."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _warmups.get((index, user))
+    if stream is None:
+        stream = _warmups[(index, user)] = torch.cuda.Stream(torch.device("cuda", index))
+    return stream
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
