@@ -104,7 +104,7 @@ class EpochValidations:
         self.stream = torch.cuda.Stream(s.device) if self.background else None
         # the validated network is updated in place: one graph serves every validation
         self.graph = None
-        if s.device.type == "cuda" and cfg.cuda_graph is not False and s.is_main:
+        if s.val_graph:
             self.graph = EvalGraph(
                 self.net,
                 s.val_loss,

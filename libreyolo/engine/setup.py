@@ -64,6 +64,9 @@ class TrainSetup:
     eager: EagerStep  # the eager step (a graph runner's warm-up and fallback path)
     graph_mode: bool | str  # what cuda_graph the run uses (auto resolved): "full", True or False
     graph_reason: str  # one line: why
+    # whether each validation replays its network from a CUDA graph (eval/graphed.py): on a GPU's main rank unless
+    # cuda_graph=false, whatever the training step's mode (a family without a capture plan still validates graphed)
+    val_graph: bool
     schedule: ScheduleFn  # the family's LR schedule, or the default
     val_loss: LossFn
     first_pass: tuple[Any, int] | None  # (iterator, the epoch it ends before) opened here; the trainer takes it
@@ -351,6 +354,7 @@ def build_run(
         eager=step.eager,
         graph_mode=step.mode,
         graph_reason=step.reason,
+        val_graph=device.type == "cuda" and cfg.cuda_graph is not False and dist.is_main,
         schedule=family.schedule if family.schedule is not None else optim.apply_schedule,
         val_loss=family.loss(net, cfg),
         first_pass=first_pass,
