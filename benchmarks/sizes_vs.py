@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 import libreyolo16_families as families16  # beside this script: each family's model prefix and sizes, smallest first
+import torch
 
+from libreyolo.engine.runners import graph_mode
 from libreyolo.families import get_family
 
 HERE = Path(__file__).resolve().parent
@@ -33,9 +35,10 @@ DETECTORS = ("yolo9", "yolox", "rtdetr")  # issue 49's detector families
 
 
 def auto_mode(fam: str) -> str:
-    """bench step's name for the mode cuda_graph=auto picks on one GPU: the whole step where the family's capture
-    plan allows it, else the network graph (engine/runners.py)."""
-    return "full" if get_family(fam).capture.full_step else "graph"
+    """bench step's name for the mode cuda_graph=auto picks on one GPU, from the engine's own rule
+    (engine/runners.py graph_mode)."""
+    mode, _ = graph_mode("auto", get_family(fam), torch.device("cuda", 0), 1)
+    return {"full": "full", True: "graph", False: "eager"}[mode]
 
 
 def commands(spec: str, a: argparse.Namespace) -> list[tuple[str, list[str], dict[str, str] | None]]:

@@ -14,9 +14,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sizes_vs.py"
 def sv():
     # the script imports libreyolo16_families from its own folder, which is on the path when it runs as a script
     sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("sizes_vs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec = importlib.util.spec_from_file_location("sizes_vs", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
     return module
 
 
