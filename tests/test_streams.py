@@ -1,6 +1,8 @@
 """nn/streams.py without a capture: branches run in the order given, on the caller's stream (the GPU side, where a
 capture forks them onto side streams and must reproduce eager bitwise, is in tests/test_graphs_gpu.py)."""
 
+import contextlib
+
 import torch
 
 from libreyolo.families.yolo9.network import YOLO9, TrainNet
@@ -146,3 +148,15 @@ def test_the_cublas_workspace_of_the_capture_stream_is_made_before_the_capture_a
     val = streams.warmup_stream(dev, "val")
     assert val is not train and streams.warmup_stream(dev, "val") is val
     assert streams.warmup_stream(torch.device("cuda", 1)) is not train
+
+    # a block on the warm-up stream starts after the current stream's queued work, and the current stream waits
+    # for the block's work before anything queued after it
+    events: list[tuple[str, object, object]] = []
+    current = FakeStream(dev)
+    current.wait_stream = lambda other: events.append(("wait", current, other))  # type: ignore[attr-defined]
+    train.wait_stream = lambda other: events.append(("wait", train, other))  # type: ignore[attr-defined]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext(events.append(("enter", s, None))))
+    with streams.on_warmup_stream(dev) as side:
+        events.append(("work", side, None))
+    assert events == [("wait", train, current), ("enter", train, None), ("work", train, None), ("wait", current, train)]

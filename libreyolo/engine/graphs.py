@@ -148,13 +148,8 @@ class GraphRunner(Generic[G]):
         so BatchNorm statistics see exactly what eager training would)."""
         if self.device.type != "cuda":  # only tests drive a runner without a GPU
             return self.run_eager(img, targets, mask, boundary, phases)
-        side = streams.warmup_stream(self.device)
-        cur = torch.cuda.current_stream(self.device)
-        side.wait_stream(cur)
-        with torch.cuda.stream(side):
-            out = self.run_eager(img, targets, mask, boundary, phases)
-        cur.wait_stream(side)
-        return out
+        with streams.on_warmup_stream(self.device):
+            return self.run_eager(img, targets, mask, boundary, phases)
 
     def _try_capture(
         self, key: Shape, img: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, boundary: bool

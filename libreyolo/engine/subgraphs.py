@@ -157,9 +157,7 @@ class SubmoduleGraphs:
             # and lazy state initialises here, not inside the capture; its gradients are discarded and the buffers
             # it updated (BatchNorm statistics) restored, so training sees only real steps
             saved = [b.detach().clone() for b in module.buffers()]
-            side = streams.warmup_stream(g.x.device)
-            side.wait_stream(torch.cuda.current_stream(g.x.device))
-            with torch.cuda.stream(side):
+            with streams.on_warmup_stream(g.x.device):
                 warm = self._forward(unpatched, params, g.x)
                 warm = (warm,) if isinstance(warm, torch.Tensor) else tuple(warm)
                 torch.autograd.grad(warm, wrt, [torch.zeros_like(o) for o in warm], allow_unused=True)
@@ -167,7 +165,6 @@ class SubmoduleGraphs:
                 if saved:
                     with torch.no_grad():
                         torch._foreach_copy_(list(module.buffers()), saved)
-            torch.cuda.current_stream(g.x.device).wait_stream(side)
             with streams.capture(g.fwd, pool=pool, capture_error_mode="thread_local"):
                 res = self._forward(unpatched, params, g.x)
             g.single = isinstance(res, torch.Tensor)

@@ -81,11 +81,8 @@ class EvalGraph:
         self, key: tuple, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, imgsz: tuple[int, int]
     ) -> None:
         # warm-up on a side stream first (cuDNN and cuBLAS set themselves up outside the capture)
-        side = streams.warmup_stream(x.device, "val")
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):
+        with streams.on_warmup_stream(x.device, "val"):
             self._body(x, targets, mask, imgsz, self.loss_in_graph)
-        torch.cuda.current_stream(x.device).wait_stream(side)
         self.x, self.targets, self.mask = x.clone(), targets.clone(), mask.clone()
         graph = torch.cuda.CUDAGraph()
         with streams.capture(graph, capture_error_mode="thread_local"):

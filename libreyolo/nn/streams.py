@@ -93,6 +93,18 @@ def warmup_stream(device: torch.device, user: str = "train") -> torch.cuda.Strea
     return stream
 
 
+@contextlib.contextmanager
+def on_warmup_stream(device: torch.device, user: str = "train") -> Iterator[torch.cuda.Stream]:
+    """Run the block on warmup_stream(device, user), ordered after what the current stream has queued, and make the
+    current stream wait for the block's work before going on."""
+    side = warmup_stream(device, user)
+    current = torch.cuda.current_stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        yield side
+    current.wait_stream(side)
+
+
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
     pool = _streams.setdefault(index, [])
