@@ -217,6 +217,12 @@ class TrainConfig:
     family_args: dict = field(
         default_factory=dict, metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True}
     )
+    # the keys the user gave (from_overrides' overrides): a dataset's suggestions fill only the others, and a resumed
+    # run takes only these from the command line over its checkpoint's
+    user_keys: frozenset[str] = field(
+        default_factory=frozenset,
+        metadata={"parse": None, "help": "", "group": "python", "cli": False, "internal": True},
+    )
 
     def set(self, key: str, value: Any) -> None:
         """Set a key, TrainConfig's own or the family's, already typed."""
@@ -296,16 +302,17 @@ class TrainConfig:
             cfg.family_args = {k.name: k.default for k in family.keys}
         for k, v in {**(family.defaults if family else {}), **(defaults or {}), **overrides}.items():
             cfg.set(k, cls.parse_value(k, v, family))
+        cfg.user_keys = frozenset(overrides)
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in self.keys()}, **self.family_args}
 
-    def fill_unset(self, suggested: dict[str, Any], user_keys: set[str]) -> None:
+    def fill_unset(self, suggested: dict[str, Any]) -> None:
         """A dataset's suggestions (e.g. the built-in one's imgsz, epochs) for the keys the user did not set."""
         fam = get_family(self.family) if self.family else None
         for k, v in suggested.items():
-            if k not in user_keys:
+            if k not in self.user_keys:
                 self.set(k, self.parse_value(k, v, fam))
 
 

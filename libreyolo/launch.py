@@ -69,13 +69,13 @@ class _Job:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def spawn_plan(cfg: TrainConfig, user_keys: set[str]) -> tuple[list[int], int] | None:
+def spawn_plan(cfg: TrainConfig) -> tuple[list[int], int] | None:
     """None: train in this process (one device, or already under torchrun). Else (GPU indices, processes);
     no GPU indices means CPU processes on Gloo."""
     if torchrun_env() is not None:
         return None
     spec = cfg.device
-    if cfg.resume and "device" not in user_keys:
+    if cfg.resume and "device" not in cfg.user_keys:
         spec = _resumed_device(cfg) or spec
     kind, gpus = parse_device(spec)
     if kind == "cuda" and len(gpus) > 1:
@@ -101,7 +101,7 @@ def spawn_ddp_train(model: Any, kwargs: dict[str, Any], gpus: list[int], nprocs:
     check_picklable(kwargs, cfg.device)
     kwargs = dict(kwargs)
     if not cfg.resume:
-        kwargs["batch"] = _parent_batch(model, cfg, set(kwargs), gpus, nprocs)
+        kwargs["batch"] = _parent_batch(model, cfg, gpus, nprocs)
 
     folder = Path(tempfile.mkdtemp(prefix="libreyolo-ddp-"))
     ctx = None
@@ -170,7 +170,7 @@ def _resumed_device(cfg: TrainConfig) -> str | None:
         return None  # setup reports the bad path with its own message
 
 
-def _parent_batch(model: Any, cfg: TrainConfig, user_keys: set[str], gpus: list[int], nprocs: int) -> int:
+def _parent_batch(model: Any, cfg: TrainConfig, gpus: list[int], nprocs: int) -> int:
     """The global batch, settled before any worker exists: autobatch probes here (one GPU, a throwaway copy of
     the network), and a batch the world size does not divide fails now rather than in every worker."""
     from libreyolo.amp import resolve_amp
@@ -178,7 +178,7 @@ def _parent_batch(model: Any, cfg: TrainConfig, user_keys: set[str], gpus: list[
     from libreyolo.engine import autobatch
 
     data = load_data_config(cfg.data)  # also generates the built-in dataset once, not once per worker
-    cfg.fill_unset(data.suggested, user_keys)  # as setup will: the dataset's suggestions (batch, imgsz)
+    cfg.fill_unset(data.suggested)  # as setup will: the dataset's suggestions (batch, imgsz)
     device = torch.device(f"cuda:{gpus[0]}" if gpus else "cpu")
     notes: list[str] = []
     with torch.cuda.device(device) if gpus else contextlib.nullcontext():

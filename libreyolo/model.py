@@ -138,7 +138,7 @@ class LibreYOLO:
         # several GPUs outside torchrun: one process per GPU (launch.py), each running fit()
         from libreyolo.launch import spawn_ddp_train, spawn_plan
 
-        plan = spawn_plan(cfg, set(kwargs))
+        plan = spawn_plan(cfg)
         if plan is not None:  # a worker's fit() explains its own out-of-memory error; the launcher re-raises
             # it as a DeviceMemoryError naming the rank, which passes through here
             with oom.explained(lambda: oom.train_spec(self, cfg, kwargs.get("batch"))):
@@ -152,7 +152,7 @@ class LibreYOLO:
 
         cfg = TrainConfig.from_overrides(kwargs, family=self.family)
         self._start = (cfg.pretrained if isinstance(cfg.pretrained, str) else None, cfg.freeze)  # for prepare_...
-        trainer = Trainer(self, cfg, set(kwargs), run_extensions(cfg))
+        trainer = Trainer(self, cfg, run_extensions(cfg))
         with oom.explained(lambda: oom.train_spec(self, trainer.cfg, kwargs.get("batch"))):
             metrics = trainer.train()
         self.adopt_run(trainer.s.run_dir, metrics)

@@ -76,3 +76,13 @@ def test_hyperparameter_doc_is_in_step_with_trainconfig():
 
     doc = (ROOT / "docs" / "hyperparameters.md").read_text()
     assert doc == hyperparameters_markdown(), "regenerate with: python -m libreyolo.cli.docs > docs/hyperparameters.md"
+
+
+def test_a_datasets_suggestions_fill_only_the_keys_the_user_did_not_give():
+    """from_overrides records which keys the user gave; the built-in dataset's suggestions (imgsz, epochs, ...) do
+    not override them, and the family's defaults do not count as given."""
+    cfg = TrainConfig.from_overrides({"imgsz": 320, "batch": 4})
+    assert cfg.user_keys == {"imgsz", "batch"}
+    cfg.fill_unset({"imgsz": 128, "epochs": 30})
+    assert cfg.imgsz == 320 and cfg.epochs == 30 and cfg.batch == 4
+    assert "user_keys" not in TrainConfig.keys() and "user_keys" not in cfg.to_dict()

@@ -53,17 +53,17 @@ def test_spawn_plan(monkeypatch):
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", CPU_WORLD_ENV):
         monkeypatch.delenv(k, raising=False)
     cfg = TrainConfig.from_overrides({"device": "cpu"})
-    assert spawn_plan(cfg, {"device"}) is None
+    assert spawn_plan(cfg) is None
     monkeypatch.setenv(CPU_WORLD_ENV, "2")
-    assert spawn_plan(cfg, {"device"}) == ([], 2)
+    assert spawn_plan(cfg) == ([], 2)
     monkeypatch.setenv(CPU_WORLD_ENV, "two")
     with pytest.raises(ConfigError, match=CPU_WORLD_ENV):
-        spawn_plan(cfg, {"device"})
+        spawn_plan(cfg)
     # under torchrun the process is already one of N: nothing is spawned, whatever device says
     monkeypatch.setenv(CPU_WORLD_ENV, "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert spawn_plan(cfg, {"device"}) is None
+    assert spawn_plan(cfg) is None
 
 
 @pytest.fixture
@@ -111,8 +111,8 @@ def test_launcher_settles_batch_minus_one_before_the_workers_on_cpu(tiny_data, c
     from libreyolo.launch import _parent_batch
 
     cfg = TrainConfig.from_overrides({"data": str(tiny_data), "device": "cpu", "batch": -1})
-    assert _parent_batch(LibreYOLO("LibreYOLO9t"), cfg, {"data", "device", "batch"}, [], 3) == default_batch(3) == 15
+    assert _parent_batch(LibreYOLO("LibreYOLO9t"), cfg, [], 3) == default_batch(3) == 15
     assert "batch=-1 (autobatch) needs a CUDA device; using batch=15 on cpu" in capsys.readouterr().out
     cfg = TrainConfig.from_overrides({"data": str(tiny_data), "device": "cpu", "batch": 6})
     with pytest.raises(ConfigError, match="world_size=4"):
-        _parent_batch(LibreYOLO("LibreYOLO9t"), cfg, {"data", "device", "batch"}, [], 4)
+        _parent_batch(LibreYOLO("LibreYOLO9t"), cfg, [], 4)

@@ -110,7 +110,7 @@ def test_training_setup_with_cache_ram_serves_both_splits_and_releases_them(tiny
     monkeypatch.setattr("libreyolo.data.dataset.load_resized", no_decode)  # workers=0: the loader runs here
     m = LibreYOLO("LibreYOLO9t")
     kw = {**FAST, "data": str(root / "data.yaml"), "project": str(tmp_path / "runs"), "epochs": 1, "cache": True}
-    s = build_run(m, TrainConfig.from_overrides(kw, family=m.family), set(kw), lambda e: None)
+    s = build_run(m, TrainConfig.from_overrides(kw, family=m.family), lambda e: None)
     try:
         assert s.train_loader.dataset.image_source.mode == "ram" and s.val_loader.dataset.image_source.mode == "ram"
         assert len(list(shm.glob("*.bin"))) == 2  # train and val

@@ -49,7 +49,7 @@ def train_with_spy(data, project, **kw):
     m = LibreYOLO("LibreYOLO9t")
     args = {**TINY, "data": str(data), "project": str(project), **kw}
     cfg = TrainConfig.from_overrides(args, family=m.family)
-    trainer = Trainer(m, cfg, set(args), run_extensions(cfg))
+    trainer = Trainer(m, cfg, run_extensions(cfg))
     spy = trainer.after_step = Spy()
     trainer.train()
     return trainer, spy
@@ -144,7 +144,7 @@ def test_the_window_moves_past_steps_that_captured_a_graph(tiny_data, tmp_path):
     m = LibreYOLO("LibreYOLO9t")
     args = {**TINY, "data": str(tiny_data), "project": str(tmp_path), "epochs": 2, "nbs": 4}
     args.update(profile=True, profile_warmup=2, profile_steps=4)
-    trainer = Trainer(m, TrainConfig.from_overrides(args, family=m.family), set(args), [attach])
+    trainer = Trainer(m, TrainConfig.from_overrides(args, family=m.family), [attach])
     spy = trainer.after_step = CapturingSpy({3, 7})
     trainer.train()
     # the profiler of the first try (step 3) is dropped; a fresh one measures steps 4-5
@@ -179,7 +179,7 @@ def test_the_window_starts_after_the_loaders_prefetched_batches(tiny_data, tmp_p
     m = LibreYOLO("LibreYOLO9t")
     args = {**TINY, "data": str(tiny_data), "project": str(tmp_path), "epochs": 3, "nbs": 4, "workers": 2}
     args.update(profile=True, profile_warmup=1, profile_steps=2)
-    trainer = Trainer(m, TrainConfig.from_overrides(args, family=m.family), set(args), [attach])
+    trainer = Trainer(m, TrainConfig.from_overrides(args, family=m.family), [attach])
     trainer.after_step = spy
     trainer.train()
     # one pass over the 3 epochs of 4 batches: 8 indices at its start, then batch k when batch k - 8 was taken

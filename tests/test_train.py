@@ -244,7 +244,7 @@ def test_loader_workers_are_gone_when_train_returns(tiny_data, tmp_path):
 
     kw = {**FAST, "data": str(tiny_data), "project": str(tmp_path), "epochs": 1, "workers": 2}
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # e.g. multiprocessing's resource tracker
-    trainer = Trainer(LibreYOLO("LibreYOLO9t"), TrainConfig.from_overrides(kw), set(kw))
+    trainer = Trainer(LibreYOLO("LibreYOLO9t"), TrainConfig.from_overrides(kw))
     trainer.train()
     # the trainer (and its loader) is still referenced here, as a reference cycle would keep it
     assert trainer.s.train_loader is not None

@@ -59,7 +59,7 @@ def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: 
     cfg = TrainConfig.from_overrides(kwargs, family=model.family)
     stop = _StopWhenProfiled()
     cfg.callbacks = [*cfg.callbacks, stop]
-    trainer = Trainer(model, cfg, set(kwargs), [attach])
+    trainer = Trainer(model, cfg, [attach])
     stop.trainer = trainer
     try:
         trainer.train()

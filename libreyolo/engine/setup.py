@@ -270,9 +270,7 @@ class TrainSetup:
             fn()
 
 
-def resolve_resume(
-    model: TrainableModel, cfg: TrainConfig, user_keys: set[str]
-) -> tuple[TrainConfig, dict[str, Any] | None]:
+def resolve_resume(model: TrainableModel, cfg: TrainConfig) -> tuple[TrainConfig, dict[str, Any] | None]:
     """resume=: the run's config comes from its last.pt (but for RESUME_OVERRIDABLE keys the user set) and the model
     takes its weights. -> (the run's config, the checkpoint, or None for a new run)."""
     restarted = None if cfg.resume else elastic.restarted_run(cfg.project)
@@ -295,10 +293,10 @@ def resolve_resume(
         raise CheckpointError(
             f"{path} already finished all {args['epochs']} epochs; nothing to resume. Start a new run with model={path}"
         )
-    args.update({k: getattr(cfg, k) for k in user_keys & RESUME_OVERRIDABLE})
+    args.update({k: getattr(cfg, k) for k in cfg.user_keys & RESUME_OVERRIDABLE})
     args["resume"] = str(path)
     resumed = TrainConfig.from_overrides(args, family=get_family(ckpt["family"]))
-    resumed.callbacks = cfg.callbacks
+    resumed.callbacks, resumed.user_keys = cfg.callbacks, cfg.user_keys
     model.load_record(ckpt)
     return resumed, ckpt
 
@@ -306,7 +304,6 @@ def resolve_resume(
 def build_run(
     model: TrainableModel,
     cfg: TrainConfig,
-    user_keys: set[str],
     emit: Callable[[ev.Event], None],
     ckpt: dict[str, Any] | None = None,
     undo: list[Callable[[], None]] | None = None,
@@ -320,7 +317,7 @@ def build_run(
     task = get_task(family.task).implementation()  # how this task's datasets are read and viewed
     data, train_ls, val_ls = B.read_data(task, cfg, dist, notes)
     if ckpt is None:
-        cfg.fill_unset(data.suggested, user_keys)
+        cfg.fill_unset(data.suggested)
     seed_everything(cfg.seed, cfg.deterministic)  # cuDNN timing off during the autobatch probe; set below
     net = model.prepare_for_training(data.names, fresh=ckpt is None)
 

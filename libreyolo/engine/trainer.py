@@ -34,10 +34,10 @@ HEARTBEAT_S = 10.0
 
 
 class Trainer:
-    def __init__(self, model: TrainableModel, cfg: TrainConfig, user_keys: set[str], on_start: Sequence[OnStart] = ()):
+    def __init__(self, model: TrainableModel, cfg: TrainConfig, on_start: Sequence[OnStart] = ()):
         """on_start: called with the trainer once the run is set up, before its first step (the profiler attaches its
         window so: the engine never imports the profiler, which sits above it)."""
-        self.model, self.cfg, self.user_keys, self.on_start = model, cfg, user_keys, tuple(on_start)
+        self.model, self.cfg, self.on_start = model, cfg, tuple(on_start)
         self.phases: Phases = NO_PHASES  # the profiler swaps this for its window, then puts it back
         self.best = BestEpoch(cfg.patience)  # the run's best validation and early stopping: judged here only
         self.bad_files: set[str] = set()
@@ -89,8 +89,8 @@ class Trainer:
         t0 = time.time()
         undo: list[Callable[[], None]] = []
         try:
-            self.cfg, ckpt = resolve_resume(self.model, self.cfg, self.user_keys)
-            self.s = s = build_run(self.model, self.cfg, self.user_keys, self.emit, ckpt, undo)
+            self.cfg, ckpt = resolve_resume(self.model, self.cfg)
+            self.s = s = build_run(self.model, self.cfg, self.emit, ckpt, undo)
             if ckpt is not None:  # the kernel warm-up's backward may still run: it touches nothing restored here
                 self.restore(ckpt)
             s.dist.seed_rank(self.cfg.seed)
