@@ -159,13 +159,21 @@ def test_the_window_moves_past_steps_that_captured_a_graph(tiny_data, tmp_path):
     assert "moved past the CUDA graph capture(s) at step(s) 3, 7" in p["verdict"]["why"]
 
 
-def test_the_window_starts_after_the_loaders_prefetched_batches(tiny_data, tmp_path, monkeypatch):
+@pytest.mark.parametrize("waits", [True, False], ids=["loader-bound", "loader-ahead"])
+def test_the_window_starts_after_the_loaders_prefetched_batches_and_their_refill(
+    tiny_data, tmp_path, monkeypatch, waits
+):
     """workers=2 on CPU: the loader sends 2 x 4 = 8 batch indices to its workers when its pass starts, then one more
     each time a step takes a batch. The window discards those 8 steps after profile_warmup=1, so the first measured
     step's batch was requested only after the warmup's step had run: it cannot come from the queue that filled
-    during the setup and the warmup. Counted from the sampler (which runs in the main process), not from timing."""
+    during the setup and the warmup. Counted from the sampler (which runs in the main process), not from timing.
+    Then it goes on discarding until a step waited for its batch (the batches a slow loader made while the full
+    queue was consumed are not measured either), or for 8 more steps where none waits: which steps wait is set
+    here through the threshold (every timed step waits, or none does), not left to this machine's timing."""
     from libreyolo.data.loader import TrainBatchSampler
+    from libreyolo.profiler import window as window_mod
 
+    monkeypatch.setattr(window_mod, "WAITED_S", 0.0 if waits else float("inf"))
     spy = Spy()
     requested: list[int] = []  # per batch the sampler handed the loader: the steps finished by then
     real_iter = TrainBatchSampler.__iter__
@@ -177,26 +185,32 @@ def test_the_window_starts_after_the_loaders_prefetched_batches(tiny_data, tmp_p
 
     monkeypatch.setattr(TrainBatchSampler, "__iter__", counting_iter)
     m = LibreYOLO("LibreYOLO9t")
-    args = {**TINY, "data": str(tiny_data), "project": str(tmp_path), "epochs": 3, "nbs": 4, "workers": 2}
+    epochs = 3 if waits else 5
+    args = {**TINY, "data": str(tiny_data), "project": str(tmp_path), "epochs": epochs, "nbs": 4, "workers": 2}
     args.update(profile=True, profile_warmup=1, profile_steps=2)
     trainer = Trainer(m, TrainConfig.from_overrides(args, family=m.family), [attach])
     trainer.after_step = spy
     trainer.train()
-    # one pass over the 3 epochs of 4 batches: 8 indices at its start, then batch k when batch k - 8 was taken
-    assert requested == [max(0, k - 8) for k in range(12)]
+    # one pass over the epochs of 4 batches: 8 indices at its start, then batch k when batch k - 8 was taken
+    assert requested == [max(0, k - 8) for k in range(4 * epochs)]
     p = load_profile(trainer.s.run_dir)
     w = p["window"]
     assert w["prefetch_batches"] == 8 and p["meta"]["loader_queue"] == "8 prefetched batches (2 workers x 4)"
-    # warmup 1 + the 8 queued batches discarded; step 10 is the first measured, step 11 the synced one
-    assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (9, 1, 1, 11)
-    assert spy.phases == ["NoPhases"] * 9 + ["Recorder"] * 2 + ["NoPhases"]
+    # warmup 1 + the 8 queued batches discarded, then the drain: 1 step (it waited) or 8 (none did)
+    drain = 1 if waits else 8
+    assert w["drain_steps"] == drain
+    assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"], w["steps_seen"]) == (9 + drain, 1, 1, 11 + drain)
+    # the drain's steps are timed (their data phase), the ones before are not
+    assert spy.phases == ["NoPhases"] * 9 + ["Recorder"] * (drain + 2) + ["NoPhases"] * (4 * epochs - 11 - drain)
     first = w["warmup_steps"]  # the first measured step's batch (0-based: step n takes batch n - 1)
     assert requested[first] >= args["profile_warmup"]  # requested after the warmup's steps had run
     assert requested[args["profile_warmup"]] == 0  # without the discard it would have been queued before step 1
-    assert (
-        "The window started after the loader's 8 prefetched batches (2 workers x 4) had been consumed"
-        in (p["verdict"]["why"])
-    )
+    why = p["verdict"]["why"]
+    assert "The window started after the loader's 8 prefetched batches (2 workers x 4) had been consumed" in why
+    if waits:
+        assert "It then discarded 1 more step until one waited for its batch" in why
+    else:
+        assert "No step waited for its batch in the 8 after them either: the loader keeps ahead of the step." in why
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 15 workers are counted, never started

@@ -11,8 +11,9 @@ fill up. The batches that can be ready ahead are deterministic:
   caller holds one, the other SLOTS - 1 may be staged ahead (with workers=0 too: the thread then loads them).
 
 So batch k of a pass is requested from the loader no earlier than when the step took batch k - Q (Q the sum of
-both). Discarding Q steps after the warmup makes every measured batch one that was requested after the warmup:
-what is queued when measuring starts was prepared while ordinary steps ran, as in the rest of training."""
+both). Discarding Q steps after the warmup makes every measured batch one that was requested after the warmup;
+profiler/window.py then discards until a step waits for its batch, for what a slow loader made while those Q steps
+consumed the full queue."""
 
 from __future__ import annotations
 

@@ -168,6 +168,7 @@ def build_profile(w: Window, trace: Trace, meta: dict[str, Any]) -> dict[str, An
             "traced_steps": a["traced_steps"],
             "steps_seen": w.seen,
             "moved_past_captures": list(w.moved),
+            "drain_steps": w.drain_steps,
         },
         "headline": headline,
         "verdict": verdict.to_dict(),

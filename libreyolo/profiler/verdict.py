@@ -170,6 +170,18 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
             f" The window started after the loader's {meta['loader_queue']} had been consumed: every measured batch "
             "was requested from the loader after the warmup and after any CUDA graph capture."
         )
+        drain = meta.get("loader_drain") or {}
+        if drain.get("waited"):
+            n = drain["steps"]
+            v.why += (
+                f" It then discarded {n} more step{'s' if n != 1 else ''} until one waited for its batch: the "
+                "batches the loader made while the full queue was consumed are not measured either."
+            )
+        elif drain.get("steps"):
+            v.why += (
+                f" No step waited for its batch in the {drain['steps']} after them either: the loader keeps ahead "
+                "of the step."
+            )
     if not meta["device"].startswith("cuda"):
         return v
     churn = m["free_per_step"] >= FREE_PER_STEP or m["alloc_retries"] > 0 or m["ooms"] > 0

@@ -4,7 +4,11 @@ ahead (profiler/prefetch.py), then measure `profile_steps` in two halves.
 The second discard is what makes the first half's data wait honest: the setup and the warmup's slow steps let the
 loader's workers fill their queue, and a step served from that queue waits for nothing however slow the loader is.
 After those steps every measured batch was requested from the loader after the warmup ended (and after any CUDA
-graph capture, whose long step lets the queue refill too).
+graph capture, whose long step lets the queue refill too). Requested then, but not necessarily made at the loader's
+own pace: while those steps consumed the full queue faster than a slow loader refills it, its workers went on
+making batches, and the first half would be served from them (one worker at 274 ms a batch and a 109 ms step leave
+about 3 of 7). So the window goes on discarding until a step has waited for its batch (the queue has run dry), or
+for as many steps again, where the loader keeps ahead of the step and its queue serves training the same way.
 
 First half: no added synchronisation, under torch.profiler, so data loading, host work and GPU work overlap as
 they really do; only this half decides the verdict. Second half: every phase is bracketed with a device
@@ -41,6 +45,9 @@ WARMUP, UNSYNC, SYNC, DONE = "warmup", "unsync", "sync", "done"
 # a run that captures again and again (shapes that keep changing) is measured anyway after this many moves;
 # the trace's capture count then says that the window holds captures
 MAX_MOVES = 8
+# a step whose batch took this long to arrive waited for the loader: taking a batch that is ready takes well under a
+# millisecond (a queue's get), a loader-bound step waits tens of milliseconds or more
+WAITED_S = 0.002
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -137,6 +144,9 @@ class Window:
         # the first half is not served from a queue filled during slow steps
         self.queue = loader_queue(getattr(s, "train_loader", None))
         self.start_after = plan.warmup + self.queue.batches  # steps since attach before the first half may start
+        # after start_after: steps discarded until one waited for its batch (the queue ran dry), at most
+        # queue.batches of them; drain_waited says which ended it
+        self.drain_steps, self.drain_waited = 0, False
         self.unsync, self.synced = HalfRecord(), HalfRecord()
         self.prof: profile | None = None
         self.current: dict[str, float] = {}
@@ -230,7 +240,8 @@ class Window:
             self.warmup_steps += 1
             if captured:  # a capture's long step lets the loader's queue refill: consume it before measuring
                 self.start_after = max(self.start_after, self.seen + self.queue.batches)
-            if self.warmup_steps >= self.start_after and boundary:
+                self.drain_steps, self.drain_waited = 0, False
+            if self._queue_drained() and boundary:
                 self._start_unsync()
         elif self.state == UNSYNC:
             self._end_step(self.unsync, self._images(epoch_end))
@@ -248,6 +259,23 @@ class Window:
                 self.on_done(self)
         # only while the recorder is in place: an epoch that ends in the warmup leaves nothing to settle
         self.epoch_end_work = epoch_end and self.state in (UNSYNC, SYNC)
+
+    def _queue_drained(self) -> bool:
+        """After the discarded warmup and queue (start_after): whether a step has waited for its batch since, or
+        queue.batches steps have gone by without one waiting. The steps in between are timed (their data phase
+        only) and discarded."""
+        if self.warmup_steps < self.start_after:
+            return False
+        if not self.queue.batches or self.drain_waited:
+            return True
+        timed = isinstance(self.trainer.phases, Recorder) and "data" in self.current
+        if timed:  # this step's batch arrived after the discarded queue's steps
+            self.drain_steps += 1
+            self.drain_waited = self.current["data"] >= WAITED_S
+        else:  # the last discarded step: time the data phase of the next ones
+            self.trainer.phases = Recorder(self)
+            self.current = {}
+        return self.drain_waited or self.drain_steps >= self.queue.batches
 
     def _capture_count(self) -> int:
         """CUDA graphs the step runner has captured so far (the eager step never captures)."""
@@ -273,9 +301,10 @@ class Window:
         self.peak_allocated = self.peak_reserved = 0
         self.warmup_steps = self.seen  # every step so far is outside the window
         self.start_after = self.seen + self.queue.batches  # the queue refilled during the capture: consume it again
+        self.drain_steps, self.drain_waited = 0, False
         self.state = WARMUP
         self.trainer.phases = self._prev_phases
-        if boundary and self.warmup_steps >= self.start_after:
+        if boundary and self._queue_drained():
             self._start_unsync()
 
     def _start_unsync(self) -> None:
