@@ -239,9 +239,9 @@ class Window:
         elif self.state == WARMUP:
             self.warmup_steps += 1
             if captured:  # a capture's long step lets the loader's queue refill: consume it before measuring
-                self.start_after = max(self.start_after, self.seen + self.queue.batches)
-                self.drain_steps, self.drain_waited = 0, False
-            if self._queue_drained() and boundary:
+                self._discard_queue(max(self.start_after, self.seen + self.queue.batches))
+            self._time_drain()
+            if boundary and self._drained():
                 self._start_unsync()
         elif self.state == UNSYNC:
             self._end_step(self.unsync, self._images(epoch_end))
@@ -260,22 +260,31 @@ class Window:
         # only while the recorder is in place: an epoch that ends in the warmup leaves nothing to settle
         self.epoch_end_work = epoch_end and self.state in (UNSYNC, SYNC)
 
-    def _queue_drained(self) -> bool:
-        """After the discarded warmup and queue (start_after): whether a step has waited for its batch since, or
-        queue.batches steps have gone by without one waiting. The steps in between are timed (their data phase
-        only) and discarded."""
-        if self.warmup_steps < self.start_after:
-            return False
-        if not self.queue.batches or self.drain_waited:
-            return True
-        timed = isinstance(self.trainer.phases, Recorder) and "data" in self.current
-        if timed:  # this step's batch arrived after the discarded queue's steps
+    def _discard_queue(self, start_after: int) -> None:
+        """Discard until start_after steps since attach (the loader's queue, refilled), then drain anew: the
+        drain's timing, if it had begun, is dropped until then."""
+        self.start_after = start_after
+        self.drain_steps, self.drain_waited = 0, False
+        self.trainer.phases = self._prev_phases
+
+    def _time_drain(self) -> None:
+        """For a discarded step after start_after: count it in the drain and note whether it waited for its batch.
+        The step at start_after puts the Recorder in place, so the data phase of the steps after it is timed."""
+        if self.warmup_steps < self.start_after or not self.queue.batches or self.drain_waited:
+            return
+        if isinstance(self.trainer.phases, Recorder) and "data" in self.current:
             self.drain_steps += 1
             self.drain_waited = self.current["data"] >= WAITED_S
-        else:  # the last discarded step: time the data phase of the next ones
+        else:
             self.trainer.phases = Recorder(self)
             self.current = {}
-        return self.drain_waited or self.drain_steps >= self.queue.batches
+
+    def _drained(self) -> bool:
+        """The discarded warmup and queue are behind (start_after), and since then a step has waited for its batch
+        (the queue ran dry) or queue.batches steps have gone by without one waiting."""
+        if self.warmup_steps < self.start_after:
+            return False
+        return not self.queue.batches or self.drain_waited or self.drain_steps >= self.queue.batches
 
     def _capture_count(self) -> int:
         """CUDA graphs the step runner has captured so far (the eager step never captures)."""
@@ -300,11 +309,9 @@ class Window:
         self.unsync = HalfRecord()
         self.peak_allocated = self.peak_reserved = 0
         self.warmup_steps = self.seen  # every step so far is outside the window
-        self.start_after = self.seen + self.queue.batches  # the queue refilled during the capture: consume it again
-        self.drain_steps, self.drain_waited = 0, False
+        self._discard_queue(self.seen + self.queue.batches)  # the queue refilled during the capture: consume it again
         self.state = WARMUP
-        self.trainer.phases = self._prev_phases
-        if boundary and self._queue_drained():
+        if boundary and self._drained():
             self._start_unsync()
 
     def _start_unsync(self) -> None:
