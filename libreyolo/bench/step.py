@@ -276,6 +276,21 @@ def run(argv: list[str]) -> int:
     as_json, kernels, ddp = kw.pop("json", False), kw.pop("kernels", True), kw.pop("ddp", False)
     slots = kw.pop("capacity", None)
     cfg = TrainConfig.from_overrides({**DEFAULTS, **kw})
+    results, meta = measure(cfg, modes, steps, warmup, kernels, ddp, slots)
+    if as_json:
+        print(json.dumps({"meta": meta, "results": results}))
+        return 0
+    from libreyolo.bench.tables import print_step_table
+
+    print_step_table(meta, results)
+    return 0
+
+
+def measure(
+    cfg: TrainConfig, modes: list[str], steps: int, warmup: int, kernels: bool, ddp: bool, slots: int | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every mode on the same replayed batch (and, with ddp, the graph modes again as one DDP rank) -> (one result
+    per mode with its speed-up against eager, the run's meta)."""
     spec = oom.RunSpec(
         "benchmarking the training step of", cfg.model, cfg.batch, cfg.imgsz, cfg.device, flags=oom.NO_AUTOBATCH
     )
@@ -318,59 +333,4 @@ def run(argv: list[str]) -> int:
         "cudnn_benchmark": cudnn_benchmark,
         "date": time.strftime("%Y-%m-%d"),
     }
-    if as_json:
-        print(json.dumps({"meta": meta, "results": results}))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"bench step: {cfg.model} batch {cfg.batch} imgsz {cfg.imgsz} {amp.dtype} on {meta['gpu']}")
-    cols = (
-        "mode",
-        "median ms",
-        "min ms",
-        "mean ms",
-        "x eager",
-        "captured",
-        "kernels/step",
-        "GPU busy (profiled)",
-        "peak alloc GiB",
-    )
-    for c in cols:
-        t.add_column(c, justify="right")
-    for r in results:
-        t.add_row(
-            r["mode"],
-            f"{r['median_ms']:.1f}",
-            f"{r['min_ms']:.1f}",
-            f"{r['mean_ms']:.1f}",
-            f"{r['speedup_vs_eager']:.2f}" if r["speedup_vs_eager"] else "-",
-            f"{r['captured_share']:.0%}" if r.get("captured_share") is not None else "-",
-            f"{r.get('kernels_per_step', 0):.0f}",
-            f"{r['gpu_busy_frac']:.0%}" if r.get("gpu_busy_frac") else "-",
-            f"{r['peak_allocated_gb']:.2f}" if r["peak_allocated_gb"] is not None else "-",
-        )
-    c = Console()
-    c.print(t)
-    for r in results:
-        for note in r["notes"]:
-            c.print(f"  {r['mode']}: {note}")
-        if r.get("overlap_backward"):
-            c.print(f"  {r['mode']}: each micro-step's backward ran beside the next forward (engine/overlap.py)")
-        if "ddp_overhead" in r:
-            c.print(f"  {r['mode']}: {r['ddp_overhead']:+.1%} step time against the same mode without DDP")
-        if r.get("captured_ms") is not None:
-            c.print(
-                f"  {r['mode']}: captured graphs (forward + backward replays) {r['captured_ms']:.1f} ms of a mean "
-                f"{r['captured_ms'] / r['captured_share']:.1f} ms step ({r['captured_share']:.0%}); the rest eager"
-            )
-        if r.get("per_phase"):
-            c.print(f"  {r['mode']} kernels per phase: " + ", ".join(f"{k} {v:.0f}" for k, v in r["per_phase"].items()))
-        if r.get("gpu_busy_frac") is not None:
-            c.print(
-                f"  {r['mode']} profiled window, per step: wall {r['profiled_wall_ms_per_step']:.1f} ms, GPU busy "
-                f"{r['gpu_busy_ms_per_step']:.1f} ms "
-                f"(union of kernel intervals; kernel durations sum to {r['kernel_time_sum_ms_per_step']:.1f} ms), "
-                f"{r['copies_per_step']:.0f} copies/memsets {r['copy_time_ms_per_step']:.2f} ms"
-            )
-    return 0
+    return results, meta

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,8 +71,32 @@ def run(argv: list[str]) -> int:
     if as_json:
         print(json.dumps(report))
         return 0
-    _print_table(report)
+    from libreyolo.bench.tables import print_val_table
+
+    print_val_table(report)
     return 0
+
+
+@dataclass
+class _Setup:
+    """What the three passes share: the network on its device, its loss, one persistent loader and the run's keys."""
+
+    cfg: TrainConfig
+    model: Any  # LibreYOLO (imported lazily: this module loads with the CLI)
+    data_yaml: str
+    split: str
+    device: torch.device
+    net: torch.nn.Module
+    loss_fn: Any
+    autocast_dtype: torch.dtype | None
+    amp_dtype: str
+    amp_enabled: bool
+    loader: Any
+    batch: int
+    workers: int
+    eval_workers: int
+    static: bool
+    eval_graph: Any
 
 
 def bench_val(
@@ -81,6 +106,44 @@ def bench_val(
     eval_workers: int | None = None,
     graph: bool | None = None,
 ) -> dict[str, Any]:
+    s = _setup(cfg, split, static, eval_workers, graph)
+    try:
+        loader = _time_loader(s)
+        warmup_s = _warm_up(s, loader.pop("warm"))
+        # 2. stage by stage
+        from libreyolo.eval.validator import Stages
+
+        stages = Stages(s.device)
+        t = time.perf_counter()
+        staged = _validation(s, stages)
+        staged_total = time.perf_counter() - t
+        seconds = {k: stages.seconds.get(k, 0.0) for k in STAGES[:-1]}
+        seconds["coco_eval"] = staged["eval_s"]
+        # 3. end to end, as training validates
+        t = time.perf_counter()
+        plain = _validation(s)
+        e2e = time.perf_counter() - t
+    finally:
+        s.loader.close()
+    images = plain["images"]
+    return {
+        "meta": _meta(s),
+        "images": images,
+        "detections": plain["detections"],
+        "loader": {**loader, "warmup_s": warmup_s},
+        "stages": {"seconds": seconds, "total_s": staged_total, "img_s": images / max(staged_total, 1e-9)},
+        "end_to_end": {
+            "seconds": e2e,
+            "img_s": images / max(e2e, 1e-9),
+            "time_s": plain["time_s"],
+            "eval_s": plain["eval_s"],
+        },
+        "metrics": {k: plain[k] for k in ("precision", "recall", "map50", "map")},
+        "losses": plain["losses"],
+    }
+
+
+def _setup(cfg: TrainConfig, split: str, static: bool, eval_workers: int | None, graph: bool | None) -> _Setup:
     from libreyolo import LibreYOLO
     from libreyolo.amp import resolve_amp
     from libreyolo.data.config import list_images, load_data_config
@@ -90,7 +153,6 @@ def bench_val(
     from libreyolo.distributed.device import first_device
     from libreyolo.errors import DataError
     from libreyolo.eval.graphed import EvalGraph
-    from libreyolo.eval.validator import Stages, start_validation, to_input
 
     device = first_device(cfg.device)
     if device.type == "cuda":
@@ -106,7 +168,6 @@ def bench_val(
         raise DataError(f"{dc.yaml_path}: {split}: no usable images")
     batch = 32 if cfg.batch == -1 else cfg.batch
     workers = cfg.workers if cfg.workers is not None else default_workers(batch, 1 if device.type == "cuda" else 0)
-    eval_workers = eval_workers or min(8, cpu_count())
     amp = resolve_amp(cfg.amp, cfg.amp_dtype, device)
     net = model.net.to(device).eval()
     loss_fn = model.family.loss(net, TrainConfig.from_overrides({}, family=model.family))  # the family's own loss gains
@@ -114,145 +175,111 @@ def bench_val(
         YOLODataset(ls, cfg.imgsz, augment=False), batch, workers, device.type == "cuda", persistent=True
     )
     graph = device.type == "cuda" if graph is None else graph and device.type == "cuda"
-    static = static or graph
     eval_graph = (
         EvalGraph(net, loss_fn, amp.autocast_dtype, capacity(max(map(len, ls.labels), default=0))) if graph else None
     )
+    return _Setup(
+        cfg,
+        model,
+        str(dc.yaml_path),
+        split,
+        device,
+        net,
+        loss_fn,
+        amp.autocast_dtype,
+        amp.dtype,
+        amp.enabled,
+        loader,
+        batch,
+        workers,
+        eval_workers or min(8, cpu_count()),
+        static or graph,
+        eval_graph,
+    )
 
-    def validation(stages: Stages | None = None) -> dict[str, Any]:
-        return start_validation(
-            net,
-            model.family,
-            loader,
-            device,
-            model.names,
-            loss_fn,
-            cfg.conf,
-            cfg.iou,
-            cfg.max_det,
-            amp.autocast_dtype,
-            static_shape=static,
-            eval_workers=eval_workers,
-            stages=stages,
-            graph=eval_graph,
-        ).result()
 
-    try:
-        # 1. the loader alone
-        t0 = time.perf_counter()
-        first_s, n_images, warm = None, 0, None
-        for b in loader:
-            first_s = first_s if first_s is not None else time.perf_counter() - t0
-            n_images += b["img"].shape[0]
-            warm = warm or (b if b["img"].shape[0] else None)
-        loader_s = time.perf_counter() - t0
-        # warm-up: one batch through the network
-        t = time.perf_counter()
-        if warm is not None:
-            with (
-                torch.no_grad(),
-                torch.autocast(
-                    device.type, dtype=amp.autocast_dtype or torch.float32, enabled=amp.autocast_dtype is not None
-                ),
-            ):
-                model.family.postprocess(
-                    net,
-                    net(to_input(warm["img"], device)),
-                    (cfg.imgsz, cfg.imgsz),
-                    cfg.conf,
-                    cfg.iou,
-                    cfg.max_det,
-                    True,
-                )
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        warmup_s = time.perf_counter() - t
-        # 2. stage by stage
-        stages = Stages(device)
-        t = time.perf_counter()
-        staged = validation(stages)
-        staged_total = time.perf_counter() - t
-        seconds = {k: stages.seconds.get(k, 0.0) for k in STAGES[:-1]}
-        seconds["coco_eval"] = staged["eval_s"]
-        # 3. end to end, as training validates
-        t = time.perf_counter()
-        plain = validation()
-        e2e = time.perf_counter() - t
-    finally:
-        loader.close()
-    images = plain["images"]
+def _time_loader(s: _Setup) -> dict[str, Any]:
+    """1. the loader alone -> images, seconds, img_s, first_batch_s and the first non-empty batch (warm)."""
+    t0 = time.perf_counter()
+    first_s, n_images, warm = None, 0, None
+    for b in s.loader:
+        first_s = first_s if first_s is not None else time.perf_counter() - t0
+        n_images += b["img"].shape[0]
+        warm = warm or (b if b["img"].shape[0] else None)
+    loader_s = time.perf_counter() - t0
+    return {
+        "images": n_images,
+        "seconds": loader_s,
+        "img_s": n_images / max(loader_s, 1e-9),
+        "first_batch_s": first_s,
+        "warm": warm,
+    }
+
+
+def _warm_up(s: _Setup, warm: dict[str, torch.Tensor] | None) -> float:
+    """One batch through the network and its post-processing (cuDNN, allocator) -> seconds."""
+    from libreyolo.eval.validator import to_input
+
+    t = time.perf_counter()
+    if warm is not None:
+        dtype = s.autocast_dtype
+        with torch.no_grad(), torch.autocast(s.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            c = s.cfg
+            s.model.family.postprocess(
+                s.net, s.net(to_input(warm["img"], s.device)), (c.imgsz, c.imgsz), c.conf, c.iou, c.max_det, True
+            )
+        if s.device.type == "cuda":
+            torch.cuda.synchronize(s.device)
+    return time.perf_counter() - t
+
+
+def _validation(s: _Setup, stages: Any = None) -> dict[str, Any]:
+    from libreyolo.eval.validator import start_validation
+
+    c = s.cfg
+    return start_validation(
+        s.net,
+        s.model.family,
+        s.loader,
+        s.device,
+        s.model.names,
+        s.loss_fn,
+        c.conf,
+        c.iou,
+        c.max_det,
+        s.autocast_dtype,
+        static_shape=s.static,
+        eval_workers=s.eval_workers,
+        stages=stages,
+        graph=s.eval_graph,
+    ).result()
+
+
+def _meta(s: _Setup) -> dict[str, Any]:
     from libreyolo.nn import nms
 
-    meta = {
-        "model": model.model_name,
+    c, device = s.cfg, s.device
+    return {
+        "model": s.model.model_name,
         "nms_chunk": nms.CUDA_BOXES_PER_CALL,
         "nms_prefix": nms.PREFIX_MIN,
-        "trained": model.trained,
-        "data": str(dc.yaml_path),
-        "split": split,
-        "imgsz": cfg.imgsz,
-        "batch": batch,
-        "workers": workers,
-        "eval_workers": eval_workers,
-        "static": static,
-        "graph": graph,
-        "graph_error": eval_graph.error if eval_graph is not None else None,
-        "conf": cfg.conf,
-        "iou": cfg.iou,
-        "max_det": cfg.max_det,
-        "amp": amp.enabled,
-        "amp_dtype": amp.dtype,
+        "trained": s.model.trained,
+        "data": s.data_yaml,
+        "split": s.split,
+        "imgsz": c.imgsz,
+        "batch": s.batch,
+        "workers": s.workers,
+        "eval_workers": s.eval_workers,
+        "static": s.static,
+        "graph": s.eval_graph is not None,
+        "graph_error": s.eval_graph.error if s.eval_graph is not None else None,
+        "conf": c.conf,
+        "iou": c.iou,
+        "max_det": c.max_det,
+        "amp": s.amp_enabled,
+        "amp_dtype": s.amp_dtype,
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
-    return {
-        "meta": meta,
-        "images": images,
-        "detections": plain["detections"],
-        "loader": {
-            "images": n_images,
-            "seconds": loader_s,
-            "img_s": n_images / max(loader_s, 1e-9),
-            "first_batch_s": first_s,
-            "warmup_s": warmup_s,
-        },
-        "stages": {"seconds": seconds, "total_s": staged_total, "img_s": images / max(staged_total, 1e-9)},
-        "end_to_end": {
-            "seconds": e2e,
-            "img_s": images / max(e2e, 1e-9),
-            "time_s": plain["time_s"],
-            "eval_s": plain["eval_s"],
-        },
-        "metrics": {k: plain[k] for k in ("precision", "recall", "map50", "map")},
-        "losses": plain["losses"],
-    }
-
-
-def _print_table(r: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    m = r["meta"]
-    t = Table(
-        title=f"bench val: {m['model']} on {r['images']} images, batch {m['batch']}, imgsz {m['imgsz']}, "
-        f"{m['amp_dtype']} on {m['gpu']}"
-    )
-    for c in ("stage", "seconds", "share", "img/s"):
-        t.add_column(c, justify="right")
-    total = r["stages"]["total_s"]
-    for k, s in r["stages"]["seconds"].items():
-        t.add_row(k, f"{s:.3f}", f"{s / max(total, 1e-9):.0%}", f"{r['images'] / s:.0f}" if s > 0 else "-")
-    t.add_row("stages total", f"{total:.3f}", "", f"{r['stages']['img_s']:.0f}")
-    e = r["end_to_end"]
-    t.add_row("end to end", f"{e['seconds']:.3f}", "", f"{e['img_s']:.0f}")
-    c = Console()
-    c.print(t)
-    ld = r["loader"]
-    c.print(
-        f"  loader alone: {ld['img_s']:.0f} img/s ({m['workers']} workers, first batch {ld['first_batch_s']:.2f} s); "
-        f"end to end: {e['time_s']:.3f} s holding the caller + {e['eval_s']:.3f} s COCO evaluation; "
-        f"{r['detections']:,} detections"
-    )
-    c.print(f"  mAP50 {r['metrics']['map50']:.4f}  mAP50-95 {r['metrics']['map']:.4f}")
