@@ -174,39 +174,12 @@ def start_validation(
             if n == 0:
                 continue
             with st("forward"):
-                x = to_input(batch["img"], device, channels_last)
-                if size and n < size:
-                    x = torch.cat((x, x.new_zeros((size - n, *x.shape[1:])))).contiguous(
-                        memory_format=torch.channels_last if channels_last else torch.contiguous_format
-                    )
-                imgsz = (x.shape[2], x.shape[3])
-                items = None
-                if graph is not None:
-                    targets, mask = (
-                        batch["targets"].to(device, non_blocking=True),
-                        batch["mask"].to(device, non_blocking=True),
-                    )
-                    if x.shape[0] > n:  # the padding images have no labels
-                        targets = torch.nn.functional.pad(targets, (0, 0, 0, 0, 0, x.shape[0] - n))
-                        mask = torch.nn.functional.pad(mask, (0, 0, 0, x.shape[0] - n))
-                    raw, items = graph(x, targets, mask, imgsz)
-                else:
-                    with torch.autocast(
-                        device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None
-                    ):
-                        raw = net(x)
-                if x.shape[0] > n:  # padded: the loss of the real images only
-                    raw, items = _first(raw, n), None
+                raw, items, imgsz = _forward(net, batch, device, size, channels_last, graph, autocast_dtype)
             if loss_fn is not None:
                 with st("loss"):
                     if items is None:
-                        _, items = loss_fn(
-                            raw,
-                            batch["targets"].to(device, non_blocking=True),
-                            batch["mask"].to(device, non_blocking=True),
-                            imgsz,
-                            1.0,
-                        )
+                        targets, mask = (batch[k].to(device, non_blocking=True) for k in ("targets", "mask"))
+                        _, items = loss_fn(raw, targets, mask, imgsz, 1.0)
                     loss_sum += items
             with st("postprocess"):
                 packed = family.postprocess(
@@ -228,6 +201,39 @@ def start_validation(
         "bad": bad,
     }
     return PendingValidation(acc, base, eval_workers, background, eval_process)
+
+
+def _forward(
+    net: nn.Module,
+    batch: dict[str, Any],
+    device: torch.device,
+    size: int | None,
+    channels_last: bool,
+    graph: EvalGraph | None,
+    autocast_dtype: torch.dtype | None,
+) -> tuple[Any, torch.Tensor | None, tuple[int, int]]:
+    """One batch through the network (padded with zero images to `size` where given) -> (raw outputs of the real
+    images, the loss items where the graph computed them, else None, the input's (h, w))."""
+    n = batch["img"].shape[0]
+    x = to_input(batch["img"], device, channels_last)
+    if size and n < size:
+        x = torch.cat((x, x.new_zeros((size - n, *x.shape[1:])))).contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format
+        )
+    imgsz = (x.shape[2], x.shape[3])
+    items = None
+    if graph is not None:
+        targets, mask = (batch[k].to(device, non_blocking=True) for k in ("targets", "mask"))
+        if x.shape[0] > n:  # the padding images have no labels
+            targets = torch.nn.functional.pad(targets, (0, 0, 0, 0, 0, x.shape[0] - n))
+            mask = torch.nn.functional.pad(mask, (0, 0, 0, x.shape[0] - n))
+        raw, items = graph(x, targets, mask, imgsz)
+    else:
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            raw = net(x)
+    if x.shape[0] > n:  # padded: the loss of the real images only
+        raw, items = _first(raw, n), None
+    return raw, items, imgsz
 
 
 def validate(
