@@ -200,109 +200,127 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
 
 
 def _decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
+    """The first of memory, dataloader, compute and host whose evidence holds (in that order: allocator churn makes
+    the utilisation figures unreliable; a starved step cannot show its compute)."""
     on_cuda = meta["device"].startswith("cuda")
-    batch, workers, cpus = int(meta["batch"]), int(meta["workers"]), int(meta.get("cpus", 1))
-    step, data = h["step_ms"], h["data_ms"]
     util = h.get("utilization")
-    vram = h.get("vram_frac")
     m = memory_figures(h)
-    frees, retries, ooms, reserved = m["free_per_step"], m["alloc_retries"], m["ooms"], m["reserved_frac"]
     evidence = {
         "data_frac": h["data_frac"],
         "utilization": util,
         "alloc_calls_per_step": h.get("alloc_calls_per_step", 0.0),
-        "vram_frac": vram,
-        "alloc_retries": retries,
+        "vram_frac": h.get("vram_frac"),
+        "alloc_retries": m["alloc_retries"],
     }
-
-    churn = frees >= FREE_PER_STEP or retries > 0 or ooms > 0
-    edge = reserved is not None and reserved >= VRAM_EDGE
-    if on_cuda and (churn or edge):
-        parts = []
-        if frees >= FREE_PER_STEP:
-            parts.append(
-                f"the CUDA allocator made {frees:.1f} cudaFree and {m['malloc_per_step']:.1f} cudaMalloc calls per "
-                f"step (threshold {FREE_PER_STEP:g} cudaFree)"
-            )
-        if retries > 0:
-            parts.append(f"{retries} allocation(s) failed and were retried after freeing the cache")
-        if ooms > 0:
-            parts.append(f"{ooms} out-of-memory error(s) were raised and recovered from")
-        if edge:
-            parts.append(
-                f"this run reserved {_pct(reserved)} of the device at its peak "
-                f"({_gib(m['peak_reserved_mb'])} of {_gib(m['total_mb'])}, threshold {_pct(VRAM_EDGE)})"
-            )
-        util_txt = f" (measured {_pct(util)})" if util is not None else ""
-        tail = f". Utilization figures{util_txt} are unreliable while the allocator churns." if churn else "."
-        levers = [
-            f"lower batch (batch={max(batch // 2, 1)}; now {batch})",
-            "less activation memory: amp=true, a smaller imgsz, or a smaller model",
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
-        ]
-        # a smaller batch is tried only after real churn or an OOM: reserved memory at the edge alone is the
-        # caching allocator keeping what it took, which a smaller batch need not change
-        lever = {"batch": max(batch // 2, 1)} if churn and batch > 1 else None
-        return Verdict(MEMORY, "; ".join(parts) + tail, levers, lever, evidence)
-
+    memory = _memory(h, meta, m, evidence) if on_cuda else None
+    if memory is not None:
+        return memory
     if h["data_frac"] >= DATA_FRAC:
-        more = min(cpus, max(2 * workers, workers + 2))
-        lever = {"workers": more} if more > workers else {"cache": "ram"}
-        first = (
-            f"more loader workers (workers={more}; now {workers}, {cpus} CPUs)"
-            if "workers" in lever
-            else f"cache=ram (or cache=disk): workers={workers} already uses the {cpus} CPUs"
-        )
-        others = (
-            ["cache=ram (or cache=disk) to skip image decoding"]
-            if "workers" in lever
-            else [f"more CPUs: {workers} workers are busy"]
-        )
-        return Verdict(
-            DATALOADER,
-            f"the step waited on the data loader {_pct(h['data_frac'])} of its time ({data:.1f} of {step:.1f} ms per "
-            "step, "
-            f"threshold {_pct(DATA_FRAC)}, workers={workers}): the model cannot train faster than batches arrive.",
-            [
-                first,
-                *others,
-                "lighter augmentation (mosaic=0, smaller scale/degrees)",
-                f"larger batch (batch={2 * batch}) to amortise per-batch overhead",
-            ],
-            lever,
-            evidence,
-        )
-
+        return _dataloader(h, meta, evidence)
     if not on_cuda:
         return Verdict(
             COMPUTE,
             f"on {meta['device']} the step is compute: data wait is {_pct(h['data_frac'])} (< {_pct(DATA_FRAC)}) of a "
-            f"{step:.1f} ms step; the rest is the model's forward, loss, backward and optimizer (wall time).",
+            f"{h['step_ms']:.1f} ms step; the rest is the model's forward, loss, backward and optimizer (wall time).",
             ["train on a GPU (device=0)", "a smaller model or imgsz"],
             None,
             evidence,
         )
-
     if util is None:
         return _no_kernel_records(h, m, evidence)
-
     kernels = f"{h['kernels_per_step']:.0f} kernels per step, mean {h['mean_kernel_us']:.1f} µs"
     if util >= UTILIZATION:
-        bf16 = meta.get("amp") and meta.get("amp_dtype") == "bfloat16"
-        levers = ([] if bf16 else ["amp=true amp_dtype=bfloat16: tensor-core math, no loss scaler"]) + [
-            "or accept it: the GPU is the bottleneck, which is where it should be",
-            "channels_last=true",
-        ]
-        tc = f"; {_pct(h.get('tensor_core_frac', 0.0))} of kernel time on tensor cores"
-        return Verdict(
-            COMPUTE,
-            f"the GPU ran kernels {_pct(util)} of the step (threshold {_pct(UTILIZATION)}): {kernels}{tc}."
-            + _prefetch_caveat(h, meta),
-            levers,
-            None if bf16 else {"amp": True, "amp_dtype": "bfloat16"},
-            evidence,
-        )
+        return _gpu_bound(h, meta, util, kernels, evidence)
+    return _host(h, meta, util, kernels, evidence)
 
+
+def _memory(h: dict[str, Any], meta: dict[str, Any], m: dict[str, Any], evidence: dict[str, Any]) -> Verdict | None:
+    """Memory where the allocator churned, retried or recovered from an OOM, or the run reserved the device to
+    its edge; else None."""
+    batch, util = int(meta["batch"]), h.get("utilization")
+    frees, retries, ooms, reserved = m["free_per_step"], m["alloc_retries"], m["ooms"], m["reserved_frac"]
+    churn = frees >= FREE_PER_STEP or retries > 0 or ooms > 0
+    edge = reserved is not None and reserved >= VRAM_EDGE
+    if not (churn or edge):
+        return None
+    parts = []
+    if frees >= FREE_PER_STEP:
+        parts.append(
+            f"the CUDA allocator made {frees:.1f} cudaFree and {m['malloc_per_step']:.1f} cudaMalloc calls per "
+            f"step (threshold {FREE_PER_STEP:g} cudaFree)"
+        )
+    if retries > 0:
+        parts.append(f"{retries} allocation(s) failed and were retried after freeing the cache")
+    if ooms > 0:
+        parts.append(f"{ooms} out-of-memory error(s) were raised and recovered from")
+    if edge:
+        parts.append(
+            f"this run reserved {_pct(reserved)} of the device at its peak "
+            f"({_gib(m['peak_reserved_mb'])} of {_gib(m['total_mb'])}, threshold {_pct(VRAM_EDGE)})"
+        )
+    util_txt = f" (measured {_pct(util)})" if util is not None else ""
+    tail = f". Utilization figures{util_txt} are unreliable while the allocator churns." if churn else "."
+    levers = [
+        f"lower batch (batch={max(batch // 2, 1)}; now {batch})",
+        "less activation memory: amp=true, a smaller imgsz, or a smaller model",
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation",
+    ]
+    # a smaller batch is tried only after real churn or an OOM: reserved memory at the edge alone is the
+    # caching allocator keeping what it took, which a smaller batch need not change
+    lever = {"batch": max(batch // 2, 1)} if churn and batch > 1 else None
+    return Verdict(MEMORY, "; ".join(parts) + tail, levers, lever, evidence)
+
+
+def _dataloader(h: dict[str, Any], meta: dict[str, Any], evidence: dict[str, Any]) -> Verdict:
+    batch, workers, cpus = int(meta["batch"]), int(meta["workers"]), int(meta.get("cpus", 1))
+    step, data = h["step_ms"], h["data_ms"]
+    more = min(cpus, max(2 * workers, workers + 2))
+    lever = {"workers": more} if more > workers else {"cache": "ram"}
+    first = (
+        f"more loader workers (workers={more}; now {workers}, {cpus} CPUs)"
+        if "workers" in lever
+        else f"cache=ram (or cache=disk): workers={workers} already uses the {cpus} CPUs"
+    )
+    others = (
+        ["cache=ram (or cache=disk) to skip image decoding"]
+        if "workers" in lever
+        else [f"more CPUs: {workers} workers are busy"]
+    )
+    return Verdict(
+        DATALOADER,
+        f"the step waited on the data loader {_pct(h['data_frac'])} of its time ({data:.1f} of {step:.1f} ms per "
+        "step, "
+        f"threshold {_pct(DATA_FRAC)}, workers={workers}): the model cannot train faster than batches arrive.",
+        [
+            first,
+            *others,
+            "lighter augmentation (mosaic=0, smaller scale/degrees)",
+            f"larger batch (batch={2 * batch}) to amortise per-batch overhead",
+        ],
+        lever,
+        evidence,
+    )
+
+
+def _gpu_bound(h: dict[str, Any], meta: dict[str, Any], util: float, kernels: str, evidence: dict[str, Any]) -> Verdict:
+    bf16 = meta.get("amp") and meta.get("amp_dtype") == "bfloat16"
+    levers = ([] if bf16 else ["amp=true amp_dtype=bfloat16: tensor-core math, no loss scaler"]) + [
+        "or accept it: the GPU is the bottleneck, which is where it should be",
+        "channels_last=true",
+    ]
+    tc = f"; {_pct(h.get('tensor_core_frac', 0.0))} of kernel time on tensor cores"
+    return Verdict(
+        COMPUTE,
+        f"the GPU ran kernels {_pct(util)} of the step (threshold {_pct(UTILIZATION)}): {kernels}{tc}."
+        + _prefetch_caveat(h, meta),
+        levers,
+        None if bf16 else {"amp": True, "amp_dtype": "bfloat16"},
+        evidence,
+    )
+
+
+def _host(h: dict[str, Any], meta: dict[str, Any], util: float, kernels: str, evidence: dict[str, Any]) -> Verdict:
+    batch = int(meta["batch"])
     graph = str(meta.get("cuda_graph", "false")).lower()
     graph_on = graph not in ("false", "0", "")
     full_ok = bool(meta.get("graph_full_step"))  # the family can capture the whole step (Family.capture.full_step)
