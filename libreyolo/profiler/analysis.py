@@ -212,11 +212,39 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
     mallocs = sum(1 for r in t.runtime if r.get("name") in MALLOC_CALLS)
     frees = sum(1 for r in t.runtime if r.get("name") in FREE_CALLS)
     captures = sum(1 for r in t.runtime if r.get("name") in CAPTURE_CALLS)
+    kernels, phase_gpu_us, replayed_us = _kernel_rows(t, steps, kernel_us)
+    tc_us = sum(r["ms_per_step"] for r in kernels if r["tensor_core"]) * 1000 * steps
+    return {
+        "trace_wall_ms_per_step": wall / 1000 / steps,
+        "traced_steps": len(t.steps),
+        "utilization": (busy / wall if wall > 0 else None) if on_cuda and t.kernels else None,
+        "gpu_busy_ms_per_step": busy / 1000 / steps,
+        "kernels_per_step": len(t.kernels) / steps,
+        "mean_kernel_us": kernel_us / len(t.kernels) if t.kernels else 0.0,
+        "tensor_core_frac": tc_us / kernel_us if kernel_us else 0.0,
+        "malloc_per_step": mallocs / steps,
+        "free_per_step": frees / steps,
+        "captures": captures,  # CUDA graph captures begun inside the window: their allocations are growth
+        "gpu_ms": {
+            p: phase_gpu_us.get(p, 0.0) / 1000 / steps for p in (*PHASES, "other") if p in phase_gpu_us or p in PHASES
+        },
+        "replayed_gpu_ms": {p: us / 1000 / steps for p, us in replayed_us.items()},
+        "kernels": kernels,
+        "categories": _categories(kernels),
+        "cpu_ops": _cpu_ops(t, steps)[:50],
+    }
+
+
+def _kernel_rows(
+    t: Trace, steps: int, kernel_us: float
+) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, float]]:
+    """One row per (kernel or copy name, phase), slowest first -> (rows, GPU us per phase, of that the us that a
+    submodule graph's replay launched per phase)."""
     launches = kernel_launches(t)
     owner = kernel_phases(t, launches)
     replay = PhaseLookup(t.replays)
     phase_gpu_us: dict[str, float] = defaultdict(float)
-    replayed_us: dict[str, float] = defaultdict(float)  # of that, kernels a submodule graph's replay launched
+    replayed_us: dict[str, float] = defaultdict(float)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for k, ph, ts in zip(t.kernels, owner, launches):
         phase = t.phases[ph]["name"][len(ANNOTATION) :] if ph is not None else "other"
@@ -249,21 +277,27 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
             }
         )
     kernels.sort(key=lambda r: -r["ms_per_step"])
+    return kernels, phase_gpu_us, replayed_us
+
+
+def _categories(kernels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cats: dict[str, dict[str, float]] = defaultdict(lambda: {"ms_per_step": 0.0, "pct_gpu": 0.0, "count_per_step": 0.0})
     for r in kernels:
         c = cats[r["category"]]
         for key in c:
             c[key] += r[key]
-    categories = sorted(({"name": k, **v} for k, v in cats.items()), key=lambda r: -r["ms_per_step"])
-    tc_us = sum(r["ms_per_step"] for r in kernels if r["tensor_core"]) * 1000 * steps
-    self_us = cpu_self_times(t.cpu_ops)
+    return sorted(({"name": k, **v} for k, v in cats.items()), key=lambda r: -r["ms_per_step"])
+
+
+def _cpu_ops(t: Trace, steps: int) -> list[dict[str, Any]]:
+    """Host ops by self time, most first."""
     ops: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "self_us": 0.0, "total_us": 0.0})
-    for o, su in zip(t.cpu_ops, self_us):
+    for o, su in zip(t.cpu_ops, cpu_self_times(t.cpu_ops)):
         a = ops[o["name"]]
         a["calls"] += 1
         a["self_us"] += su
         a["total_us"] += float(o["dur"])
-    cpu_ops = sorted(
+    return sorted(
         (
             {
                 "name": n,
@@ -275,22 +309,3 @@ def analyze_trace(t: Trace, steps: int, on_cuda: bool) -> dict[str, Any]:
         ),
         key=lambda r: -r["self_ms_per_step"],
     )
-    return {
-        "trace_wall_ms_per_step": wall / 1000 / steps,
-        "traced_steps": len(t.steps),
-        "utilization": (busy / wall if wall > 0 else None) if on_cuda and t.kernels else None,
-        "gpu_busy_ms_per_step": busy / 1000 / steps,
-        "kernels_per_step": len(t.kernels) / steps,
-        "mean_kernel_us": kernel_us / len(t.kernels) if t.kernels else 0.0,
-        "tensor_core_frac": tc_us / kernel_us if kernel_us else 0.0,
-        "malloc_per_step": mallocs / steps,
-        "free_per_step": frees / steps,
-        "captures": captures,  # CUDA graph captures begun inside the window: their allocations are growth
-        "gpu_ms": {
-            p: phase_gpu_us.get(p, 0.0) / 1000 / steps for p in (*PHASES, "other") if p in phase_gpu_us or p in PHASES
-        },
-        "replayed_gpu_ms": {p: us / 1000 / steps for p, us in replayed_us.items()},
-        "kernels": kernels,
-        "categories": categories,
-        "cpu_ops": cpu_ops[:50],
-    }
