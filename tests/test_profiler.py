@@ -174,6 +174,7 @@ def test_the_window_starts_after_the_loaders_prefetched_batches_and_their_refill
     from libreyolo.profiler import window as window_mod
 
     monkeypatch.setattr(window_mod, "WAITED_S", 0.0 if waits else float("inf"))
+    monkeypatch.setattr(window_mod, "WAITED_SHARE", 0.0)
     spy = Spy()
     requested: list[int] = []  # per batch the sampler handed the loader: the steps finished by then
     real_iter = TrainBatchSampler.__iter__
@@ -211,6 +212,22 @@ def test_the_window_starts_after_the_loaders_prefetched_batches_and_their_refill
         assert "It then discarded 1 more step until one waited for its batch" in why
     else:
         assert "No step waited for its batch in the 8 after them either: the loader keeps ahead of the step." in why
+
+
+def test_a_step_waited_for_its_batch_only_when_the_wait_is_a_share_of_the_step():
+    """The drain's test of a dry queue: a wait of a few ms in a long eager step (the staging thread held back by the
+    interpreter lock, the workers' queue still full: trial 1 of the H100's one-worker case, 181 ms steps) is not one;
+    the wait of a step that a loader at 300 ms a batch serves is, and so is a short step's wait past both floors."""
+    from libreyolo.profiler.window import WAITED_SHARE, waited_for_batch
+
+    assert not waited_for_batch(0.004, 0.181)  # a hiccup: over 2 ms, 2% of the step
+    assert waited_for_batch(0.150, 0.300)  # the loader-bound steady state: half the step
+    assert waited_for_batch(0.003, 0.010)  # 30% of a short step
+    assert not waited_for_batch(0.0015, 0.003)  # half of a tiny step, but under the 2 ms a queue's get never takes
+    # the share sits at half the verdict's threshold: a step that waits as a dataloader verdict's does ends the drain
+    from libreyolo.profiler.verdict import DATA_FRAC
+
+    assert waited_for_batch(DATA_FRAC * 0.1, 0.1) and WAITED_SHARE < DATA_FRAC
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 15 workers are counted, never started

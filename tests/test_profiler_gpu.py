@@ -73,13 +73,15 @@ def show(case, r):
         f"img/s mean {r['img_s']['mean']:.0f}"
     )
     for t in r["trials"]:
-        h = load_profile(t["run_dir"])["headline"]
+        p = load_profile(t["run_dir"])
+        h = p["headline"]
         util = "n/a" if h["utilization"] is None else f"{100 * h['utilization']:.0f}%"
         print(
             f"  {Path(t['run_dir']).name}: {t['verdict']}; {h['step_ms']:.1f} ms, {h['img_s']:.0f} img/s, util {util}, "
             f"{h['kernels_per_step']:.0f} kernels/step ({h['mean_kernel_us']:.1f} µs), data wait "
             f"{100 * h['data_frac']:.0f}%, cudaMalloc {h.get('malloc_calls_per_step', 0):.1f} / cudaFree "
-            f"{h.get('free_calls_per_step', 0):.1f} per step, window moved past {h.get('window_moved_past')}"
+            f"{h.get('free_calls_per_step', 0):.1f} per step, window moved past {h.get('window_moved_past')}, "
+            f"loader drain {p['meta'].get('loader_drain')}"
         )
     print(f"  why (trial 1): {r['trials'][0]['why']}")
 
@@ -98,7 +100,8 @@ def test_one_worker_on_640px_jpegs_is_dataloader(shapes_640, tmp_path):
     # steps (4 + 3) served the whole first half. The window discards that many steps after the warmup, so every
     # measured batch was requested after it; it then discards until a step waits for its batch, since while those 7
     # fast steps consumed the full queue the worker made about 3 more (trial 1 at 109 ms a step against 274 ms a
-    # batch on an H100), which served a 2-step first half.
+    # batch on an H100), which served a 2-step first half. A wait of 2 ms alone once ended that drain with the
+    # workers' queue still full (trial 1 again, 181 ms steps, 1% data wait): the wait must also be a share of the step.
     r = profile_run(
         shapes_640, tmp_path, "--model", "LibreYOLO9t", "--batch", "32", "--imgsz", "640", "--workers", "1",
         "--cuda-graph", "false", "--warmup", "5", "--steps", "4", "nbs=32",
@@ -241,7 +244,8 @@ def test_issue_case_2_a_device_full_of_another_process_is_a_headline_not_the_ver
     assert r["process"] == "one process" and len(r["trials"]) == REPEAT
     nvml = importlib.util.find_spec("pynvml") is not None
     for t in r["trials"]:
-        h = load_profile(t["run_dir"])["headline"]
+        p = load_profile(t["run_dir"])
+        h = p["headline"]
         assert t["why"].startswith("The device is") and h["other_process_mb"] >= 0.9 * held / 2**20
         assert "unreliable" not in t["why"] and h["reserved_frac"] < 0.95
         if t["verdict"] == "host / launch":  # the trace recorded kernels: the step's own figures decided

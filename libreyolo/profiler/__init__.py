@@ -68,7 +68,7 @@ def _report(w: Window) -> None:
     meta = run_meta(tr)
     if w.queue.batches:
         meta["loader_queue"] = w.queue.describe()
-        meta["loader_drain"] = {"steps": w.drain_steps, "waited": w.drain_waited}
+        meta["loader_drain"] = {"steps": w.drain_steps, "waited": w.drain_waited, "waits_ms": w.drain_waits_ms}
     profile = build_profile(w, trace, meta)
     profile["window"]["prefetch_batches"] = w.queue.batches
     paths = write_artifacts(run_dir, profile, trace)
