@@ -99,10 +99,12 @@ def child(a: argparse.Namespace) -> None:
         if cuda:
             torch.cuda.synchronize()
         warmup_s = time.perf_counter() - t0
-        times, mean_ms = _timed(run.step, a.steps, cuda)
+        steps = -(-a.steps // run.accumulate) * run.accumulate  # whole accumulation cycles, as bench step times
+        times, mean_ms = _timed(run.step, steps, cuda)
         row |= {
             "captured": bool(run.manager is not None and run.manager.captured),
             "accumulate": run.accumulate,
+            "steps": steps,
             "median_ms": statistics.median(times),
             "min_ms": min(times),
             "mean_ms": mean_ms,

@@ -94,22 +94,23 @@ def measure(a: argparse.Namespace) -> None:
 
 def table(path: Path, date: str, hardware: str) -> list[str]:
     """The markdown rows: model, params (1.6's count), batch, ours eager, ours (auto), 1.6 eager, 1.6 graph,
-    Ultralytics, 1.6's faster over ours, Ultralytics over ours (medians in ms; '-' where not measured)."""
+    Ultralytics, 1.6's faster over ours, Ultralytics over ours (ms per step: each program's timed steps back to back,
+    whole accumulation cycles, its mean_ms; '-' where not measured)."""
     got: dict[tuple[str, str, int], dict[str, float]] = {}
     params: dict[tuple[str, str], int] = {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
-        if "row" not in r or ("median_ms" not in r["row"] and "results" not in r["row"]):
+        if "row" not in r or ("mean_ms" not in r["row"] and "results" not in r["row"]):
             continue  # skipped, failed, or a mode the program could not run (1.6's graph on a CPU)
         fam, size, batch = r["spec"].split(":")
         d, x = got.setdefault((fam, size, int(batch)), {}), r["row"]
         if r["lib"] == "ours":
-            d.update({f"ours {m['mode']}": m["median_ms"] for m in x["results"]})
+            d.update({f"ours {m['mode']}": m["mean_ms"] for m in x["results"]})
         elif r["lib"] == "ly16":
-            d[f"ly16 {x['mode']}"] = x["median_ms"]
+            d[f"ly16 {x['mode']}"] = x["mean_ms"]
             params[(fam, size)] = x["params"]
         else:
-            d["ultralytics"] = x["median_ms"]
+            d["ultralytics"] = x["mean_ms"]
 
     def order(key: tuple[str, str, int]) -> tuple[int, int, int]:
         fam, size, batch = key

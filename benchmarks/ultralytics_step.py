@@ -120,12 +120,14 @@ def main() -> None:
     if cuda:
         torch.cuda.synchronize()
     warmup_s = time.perf_counter() - t0
-    times, mean_ms = timed_steps(step, a.steps, cuda)
+    steps = -(-a.steps // accumulate) * accumulate  # whole accumulation cycles, as bench step times
+    times, mean_ms = timed_steps(step, steps, cuda)
     out = {
         "model": a.model,
         "batch": a.batch,
         "imgsz": a.imgsz,
         "accumulate": accumulate,
+        "steps": steps,
         "deterministic": a.deterministic,
         "median_ms": statistics.median(times),
         "min_ms": min(times),
