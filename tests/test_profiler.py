@@ -215,9 +215,9 @@ def test_the_window_starts_after_the_loaders_prefetched_batches_and_their_refill
 
 
 def test_a_step_waited_for_its_batch_only_when_the_wait_is_a_share_of_the_step():
-    """The drain's test of a dry queue: a wait of a few ms in a long eager step (the staging thread held back by the
-    interpreter lock, the workers' queue still full: trial 1 of the H100's one-worker case, 181 ms steps) is not one;
-    the wait of a step that a loader at 300 ms a batch serves is, and so is a short step's wait past both floors."""
+    """The drain's test of a dry queue: a wait of a few ms in a long eager step (as in trial 1 of the H100's one-worker
+    case, 181 ms steps, where such a wait ended the drain with the workers' queue still full) is not one; the wait of
+    a step that a loader at 300 ms a batch serves is, and so is a short step's wait past both floors."""
     from libreyolo.profiler.window import WAITED_SHARE, waited_for_batch
 
     assert not waited_for_batch(0.004, 0.181)  # a hiccup: over 2 ms, 2% of the step

@@ -47,11 +47,11 @@ WARMUP, UNSYNC, SYNC, DONE = "warmup", "unsync", "sync", "done"
 # the trace's capture count then says that the window holds captures
 MAX_MOVES = 8
 # a step waited for the loader (its queue had run dry) when its batch took at least WAITED_S and WAITED_SHARE of the
-# step to arrive. Taking a batch that is ready takes well under a millisecond (a queue's get), but the staging thread
-# can hold a ready batch back a few ms more: it needs the interpreter lock, which an eager host-bound step hands over
-# every 5 ms (sys.getswitchinterval), and once such a hiccup ended the drain of an H100's one-worker case with the
-# workers' queue still full (docs/performance.md). A dry queue makes the step wait what the loader is behind, which
-# for a dataloader verdict (DATA_FRAC of the step) is twice WAITED_SHARE or more.
+# step to arrive. Taking a batch that is ready takes well under a millisecond (a queue's get), yet a wait over 2 ms
+# once ended the drain of an H100's one-worker case with the workers' queue still full (its first half then waited
+# 1%; docs/performance.md). What held that batch back was not measured; one candidate is the staging thread waiting
+# for the interpreter lock, which an eager host-bound step hands over every 5 ms. A dry queue makes the step wait
+# what the loader is behind, which for a dataloader verdict (DATA_FRAC of the step) is twice WAITED_SHARE or more.
 WAITED_S = 0.002
 WAITED_SHARE = DATA_FRAC / 2
 
