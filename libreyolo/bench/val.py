@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from libreyolo.cli.args import flag, parse_kv
 from libreyolo.config import TrainConfig
+
+if TYPE_CHECKING:
+    from libreyolo.eval.validator import Stages
 
 KEYS = {"model", "data", "imgsz", "batch", "device", "workers", "conf", "iou", "max_det", "amp", "amp_dtype"}
 # this benchmark's defaults where they differ from TrainConfig's: --help shows these, run() applies them
@@ -233,7 +236,7 @@ def _warm_up(s: _Setup, warm: dict[str, torch.Tensor] | None) -> float:
     return time.perf_counter() - t
 
 
-def _validation(s: _Setup, stages: Any = None) -> dict[str, Any]:
+def _validation(s: _Setup, stages: Stages | None = None) -> dict[str, Any]:
     from libreyolo.eval.validator import start_validation
 
     c = s.cfg
