@@ -63,6 +63,33 @@ def test_assignment_is_exactly_the_reference(seed):
     assert want[2].any() and not want[2][0].any()
 
 
+def test_assignment_of_many_crowded_objects_is_exactly_the_reference():
+    """Dense scenes: 48 target slots, most of them real, small and overlapping boxes, a zero-width one and one equal to
+    another, so that anchors are claimed by several ground truths (the in-place resolution of those claims)."""
+    g = torch.Generator().manual_seed(7)
+    b, m, size = 2, 48, 128
+    A = sum((size // s) ** 2 for s in (8, 16, 32))
+    xy = torch.rand(b, m, 2, generator=g) * size * 0.5 + size * 0.2
+    gt = torch.cat((xy, xy + torch.rand(b, m, 2, generator=g) * 30 + 10), -1)
+    gt[0, 3, 2] = gt[0, 3, 0]  # zero width: no anchor inside
+    gt[1, 5] = gt[1, 4]  # the same box twice
+    mask = torch.rand(b, m, generator=g) < 0.9
+    args = (
+        torch.rand(b, A, NC, generator=g),
+        _boxes(g, b, A, scale=size),
+        torch.rand(A, 2, generator=g) * size,
+        torch.randint(0, NC, (b, m), generator=g),
+        gt,
+        mask,
+    )
+    got, want = TaskAlignedAssigner(NC)(*args), ref.assign(*args)
+    for x, y in zip(got, want):
+        assert torch.equal(x, y)
+    anchors = args[2]
+    inside = ((anchors > gt[..., None, :2]) & (anchors < gt[..., None, 2:])).all(-1) & mask[..., None]  # (b, m, A)
+    assert (inside.sum(1) > 1).sum() > 20 and want[2].sum() > 40  # many contested anchors, many foreground ones
+
+
 @pytest.mark.parametrize("seed,heads", [(0, 2), (1, 2), (2, 1), (3, 2)])
 def test_loss_and_gradients_match_the_reference(seed, heads):
     raw, targets, mask, size = _case(seed, heads=heads)
