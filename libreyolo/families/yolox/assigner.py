@@ -36,27 +36,32 @@ class Assignment:
 
 def pairwise_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a (B, M, 4), b (B, A, 4) xyxy -> IoU (B, M, A). Without an epsilon, as YOLOX's bboxes_iou: predicted
-    boxes (exp of the size output) always have an area."""
-    a, b = a.unsqueeze(2), b.unsqueeze(1)
-    lt = torch.maximum(a[..., :2], b[..., :2])
-    rb = torch.minimum(a[..., 2:], b[..., 2:])
-    wh = (rb - lt).clamp(min=0)
-    inter = wh[..., 0] * wh[..., 1]
-    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
-    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    boxes (exp of the size output) always have an area. Coordinate by coordinate: (B, M, A) temporaries, not
+    (B, M, A, 2) pairs (at 256 target slots, batch 16, 640 px, a (B, M, A) float32 tensor is 138 MB)."""
+    ax1, ay1, ax2, ay2 = a.unsqueeze(2).unbind(-1)  # (B, M, 1) each
+    bx1, by1, bx2, by2 = b.unsqueeze(1).unbind(-1)  # (B, 1, A) each
+    inter = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp(min=0)
+    inter = inter * (torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp(min=0)
+    area_a = (ax2 - ax1) * (ay2 - ay1)
+    area_b = (bx2 - bx1) * (by2 - by1)
     return inter / (area_a + area_b - inter)
 
 
 def geometry(gt: torch.Tensor, centres: torch.Tensor, strides: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """gt (B, M, 4) xyxy, anchor centres (A, 2) and strides (A,) in pixels -> (in box, in centre region),
-    each (B, M, A) bool; strict inequalities, as YOLOX."""
+    each (B, M, A) bool; strict inequalities, as YOLOX (every distance to a side above 0)."""
     x, y = centres[:, 0], centres[:, 1]
     x1, y1, x2, y2 = (gt[..., i, None] for i in range(4))
-    in_box = torch.stack((x - x1, y - y1, x2 - x, y2 - y), -1).amin(-1) > 0
+    in_box = (x - x1) > 0
+    in_box &= (y - y1) > 0
+    in_box &= (x2 - x) > 0
+    in_box &= (y2 - y) > 0
     cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
     r = CENTER_RADIUS * strides
-    in_ctr = torch.stack((x - (cx - r), y - (cy - r)), -1).amin(-1) > 0
-    in_ctr &= torch.stack(((cx + r) - x, (cy + r) - y), -1).amin(-1) > 0
+    in_ctr = (x - (cx - r)) > 0
+    in_ctr &= (y - (cy - r)) > 0
+    in_ctr &= ((cx + r) - x) > 0
+    in_ctr &= ((cy + r) - y) > 0
     return in_box, in_ctr
 
 
@@ -70,7 +75,7 @@ def class_cost(cls_logits: torch.Tensor, obj_logits: torch.Tensor, gt_cls: torch
     log_p = p.log().clamp(min=LOG_CLAMP)
     idx = gt_cls.long().unsqueeze(-1).expand(-1, -1, p.shape[1])  # (B, M, A)
     per_pair = (log_q - log_p).transpose(1, 2).gather(1, idx)
-    return per_pair - log_q.sum(-1).unsqueeze(1)
+    return per_pair.sub_(log_q.sum(-1).unsqueeze(1))  # in place: the assignment runs without autograd
 
 
 @torch.no_grad()
@@ -102,7 +107,9 @@ def simota(
     k = min(TOPK, A)
     # dynamic k: the sum of each gt's 10 best IoUs over the candidates (zeros pad a short list: same sum)
     dyn_k = torch.where(pair, iou, 0.0).topk(k, -1).values.sum(-1).floor().clamp(min=1)  # (B, M)
-    cost = class_cost(cls_logits, obj_logits, gt_cls) + IOU_WEIGHT * -torch.log(iou + EPS_LOG)
+    # class cost + IOU_WEIGHT * -log(iou + eps), the same arithmetic in place: (B, M, A) tensors dominate the
+    # assignment's memory when images hold many objects
+    cost = class_cost(cls_logits, obj_logits, gt_cls).add_((iou + EPS_LOG).log_().neg_().mul_(IOU_WEIGHT))
 
     # each gt's k lowest costs, unpenalised pairs first: two top-k's, concatenated in rank order
     inf = torch.full((), float("inf"), device=cost.device)
@@ -113,14 +120,14 @@ def simota(
     rank = finite.cumsum(-1) - 1
     take = finite & (rank < dyn_k.unsqueeze(-1))
     # add, not set: an infinite entry's index may repeat a taken one, and scatter_ with duplicates is undefined
-    claims = torch.zeros_like(cost).scatter_add_(-1, idx, take.to(cost.dtype))  # (B, M, A), 0/1
-    n_claims = claims.sum(1)  # (B, A)
-
     # an anchor claimed by several gts goes to the gt of lowest cost (over all of the image's gts, as YOLOX's
     # `cost[:, anchor_matching_gt > 1].min(0)`), unpenalised pairs first
     best_exact = torch.where(exact & valid, cost, inf).min(1)
     best_any = torch.where(valid, cost, inf).argmin(1)
     best = torch.where(best_exact.values.isfinite(), best_exact.indices, best_any)
+    claims = torch.zeros_like(cost).scatter_add_(-1, idx, take.to(cost.dtype))  # (B, M, A), 0/1
+    del cost
+    n_claims = claims.sum(1)  # (B, A)
     gt_index = torch.where(n_claims > 1, best, claims.argmax(1))  # (B, A)
     fg = n_claims > 0
     gt_index = torch.where(fg, gt_index, 0)
