@@ -119,14 +119,14 @@ def simota(
     finite = vals.isfinite()
     rank = finite.cumsum(-1) - 1
     take = finite & (rank < dyn_k.unsqueeze(-1))
-    # add, not set: an infinite entry's index may repeat a taken one, and scatter_ with duplicates is undefined
     # an anchor claimed by several gts goes to the gt of lowest cost (over all of the image's gts, as YOLOX's
     # `cost[:, anchor_matching_gt > 1].min(0)`), unpenalised pairs first
     best_exact = torch.where(exact & valid, cost, inf).min(1)
     best_any = torch.where(valid, cost, inf).argmin(1)
     best = torch.where(best_exact.values.isfinite(), best_exact.indices, best_any)
+    # add, not set: an infinite entry's index may repeat a taken one, and scatter_ with duplicates is undefined
     claims = torch.zeros_like(cost).scatter_add_(-1, idx, take.to(cost.dtype))  # (B, M, A), 0/1
-    del cost
+    del cost  # the last (B, M, A) float read from it is above
     n_claims = claims.sum(1)  # (B, A)
     gt_index = torch.where(n_claims > 1, best, claims.argmax(1))  # (B, A)
     fg = n_claims > 0
