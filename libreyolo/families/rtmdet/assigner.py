@@ -44,11 +44,12 @@ class Assignment:
 def pairwise_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a (B, M, 4), b (B, A, 4) xyxy -> IoU (B, M, A), mmdetection's arithmetic (areas not clamped, the union at
     least EPS_AREA): a predicted box may be inverted (a distance head without exp can output negative distances)."""
-    a, b = a.unsqueeze(2), b.unsqueeze(1)
-    wh = (torch.minimum(a[..., 2:], b[..., 2:]) - torch.maximum(a[..., :2], b[..., :2])).clamp(min=0)
-    inter = wh[..., 0] * wh[..., 1]
-    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
-    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    ax1, ay1, ax2, ay2 = a.unsqueeze(2).unbind(-1)  # (B, M, 1) each; coordinate by coordinate: no (B, M, A, 2)
+    bx1, by1, bx2, by2 = b.unsqueeze(1).unbind(-1)  # (B, 1, A) each
+    inter = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp(min=0)
+    inter = inter * (torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp(min=0)
+    area_a = (ax2 - ax1) * (ay2 - ay1)
+    area_b = (bx2 - bx1) * (by2 - by1)
     return inter / (area_a + area_b - inter).clamp(min=EPS_AREA)
 
 
@@ -61,11 +62,11 @@ def soft_class_cost(logits: torch.Tensor, iou: torch.Tensor, gt_cls: torch.Tenso
     s = x.sigmoid()
     neg = F.softplus(x) * s.square()  # BCE(x, 0) * |0 - s|^2
     idx = gt_cls.long().unsqueeze(-1).expand(-1, -1, x.shape[1])  # (B, M, A)
-    x_g = x.transpose(1, 2).gather(1, idx)
-    s_g = s.transpose(1, 2).gather(1, idx)
+    # the (B, M, A) terms one after another, in place (the assignment runs without autograd): the same arithmetic
+    pos_g = F.binary_cross_entropy_with_logits(x.transpose(1, 2).gather(1, idx), iou, reduction="none")
+    pos_g *= (iou - s.transpose(1, 2).gather(1, idx)).square_()
     neg_g = neg.transpose(1, 2).gather(1, idx)
-    pos_g = F.binary_cross_entropy_with_logits(x_g, iou, reduction="none") * (iou - s_g).square()
-    return neg.sum(-1).unsqueeze(1) - neg_g + pos_g
+    return neg_g.neg_().add_(neg.sum(-1).unsqueeze(1)).add_(pos_g)  # sum - neg_g + pos_g
 
 
 @torch.no_grad()
@@ -89,15 +90,23 @@ def assign(
     valid = mask.unsqueeze(-1)  # (B, M, 1)
     x, y = points[:, 0], points[:, 1]
     x1, y1, x2, y2 = (gt_boxes[..., i, None] for i in range(4))  # (B, M, 1)
-    inside = torch.stack((x - x1, y - y1, x2 - x, y2 - y), -1).amin(-1) > 0  # (B, M, A)
+    # every distance to a side above 0, one side at a time: (B, M, A) temporaries, not a (B, M, A, 4) stack (at 256
+    # target slots, batch 16, 640 px, a (B, M, A) float32 tensor is 138 MB)
+    inside = (x - x1) > 0  # (B, M, A)
+    inside &= (y - y1) > 0
+    inside &= (x2 - x) > 0
+    inside &= (y2 - y) > 0
     candidate = (inside & valid).any(1, keepdim=True)  # (B, 1, A): inside any box of the image
     pair = candidate & valid
 
     iou = pairwise_iou(gt_boxes, pred_boxes)
-    centre = torch.stack(((x1 + x2) / 2, (y1 + y2) / 2), -1)  # (B, M, 1, 2)
-    distance = (points - centre).square().sum(-1).sqrt() / strides  # (B, M, A), in strides
-    centre_cost = torch.pow(10.0, (distance - CENTER_RADIUS).clamp(max=MAX_CENTER_EXP))
-    cost = soft_class_cost(cls_logits, iou, gt_cls) + IOU_WEIGHT * -torch.log(iou + EPS_LOG) + centre_cost
+    # the same arithmetic as on (B, M, A, 2) centre offsets, coordinate by coordinate and in place
+    distance = (x - (x1 + x2) / 2).square_().add_((y - (y1 + y2) / 2).square_()).sqrt_().div_(strides)  # in strides
+    centre_cost = torch.pow(10.0, distance.sub_(CENTER_RADIUS).clamp_(max=MAX_CENTER_EXP))
+    del distance
+    cost = soft_class_cost(cls_logits, iou, gt_cls).add_((iou + EPS_LOG).log_().neg_().mul_(IOU_WEIGHT))
+    cost += centre_cost
+    del centre_cost
 
     k = min(TOPK, A)
     # dynamic k: the sum of each gt's 13 best candidate IoUs (zeros pad a short list: the same sum)
