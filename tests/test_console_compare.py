@@ -304,10 +304,19 @@ async def _compare_ready(pilot) -> CompareScreen:
     await until(pilot, lambda: isinstance(pilot.app.screen, CompareScreen), "the compare view")
     screen = pilot.app.screen
     await until(pilot, lambda: all(r.status != "?" for r in screen.runs), "every run read")
-    # a DataTable sizes its columns to new rows when it is next idle: a busy machine can take the picture before
-    await until(pilot, lambda: _columns_fit(screen.query_one(CompareTable)), "the table's columns sized to its rows")
-    await pilot.pause(0.6)  # a redraw tick
-    return screen
+    # a DataTable sizes its columns to new rows when it is next idle: a busy machine can take the picture before.
+    # And a run's events can arrive in more than one batch after its status is known: each batch that changes a row
+    # refills the table, whose columns shrink to their labels until the next idle (a CI picture once showed that).
+    # So: the columns fit, and no row changed over more than two redraw ticks (0.5 s each).
+    table = screen.query_one(CompareTable)
+    deadline = time.monotonic() + 20.0
+    while True:
+        await until(pilot, lambda: _columns_fit(table), "the table's columns sized to its rows")
+        rows = list(table.rows_shown)
+        await pilot.pause(1.2)
+        if table.rows_shown == rows and _columns_fit(table):
+            return screen
+        assert time.monotonic() < deadline, "the compare table kept changing for 20 s"
 
 
 def _columns_fit(table: CompareTable) -> bool:
