@@ -171,10 +171,10 @@ def test_the_window_starts_after_the_loaders_prefetched_batches_and_their_refill
     queue was consumed are not measured either), or for 8 more steps where none waits: which steps wait is set
     here through the threshold (every timed step waits, or none does), not left to this machine's timing."""
     from libreyolo.data.loader import TrainBatchSampler
-    from libreyolo.profiler import window as window_mod
+    from libreyolo.profiler import prefetch as prefetch_mod
 
-    monkeypatch.setattr(window_mod, "WAITED_S", 0.0 if waits else float("inf"))
-    monkeypatch.setattr(window_mod, "WAITED_SHARE", 0.0)
+    monkeypatch.setattr(prefetch_mod, "WAITED_S", 0.0 if waits else float("inf"))
+    monkeypatch.setattr(prefetch_mod, "WAITED_SHARE", 0.0)
     spy = Spy()
     requested: list[int] = []  # per batch the sampler handed the loader: the steps finished by then
     real_iter = TrainBatchSampler.__iter__
@@ -218,7 +218,7 @@ def test_a_step_waited_for_its_batch_only_when_the_wait_is_a_share_of_the_step()
     """The drain's test of a dry queue: a wait of a few ms in a long eager step (as in trial 1 of the H100's one-worker
     case, 181 ms steps, where such a wait ended the drain with the workers' queue still full) is not one; the wait of
     a step that a loader at 300 ms a batch serves is, and so is a short step's wait past both floors."""
-    from libreyolo.profiler.window import WAITED_SHARE, waited_for_batch
+    from libreyolo.profiler.prefetch import WAITED_SHARE, waited_for_batch
 
     assert not waited_for_batch(0.004, 0.181)  # a hiccup: over 2 ms, 2% of the step
     assert waited_for_batch(0.150, 0.300)  # the loader-bound steady state: half the step

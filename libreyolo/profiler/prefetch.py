@@ -21,6 +21,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from libreyolo.data.staging import SLOTS
+from libreyolo.profiler.verdict import DATA_FRAC
+
+# a step waited for the loader (its queue had run dry) when its batch took at least WAITED_S and WAITED_SHARE of the
+# step to arrive. Taking a batch that is ready takes well under a millisecond (a queue's get), yet a wait over 2 ms
+# once ended the drain of an H100's one-worker case with the workers' queue still full (its first half then waited
+# 1%; docs/performance.md). What held that batch back was not measured; one candidate is the staging thread waiting
+# for the interpreter lock, which an eager host-bound step hands over every 5 ms. A dry queue makes the step wait
+# what the loader is behind, which for a dataloader verdict (DATA_FRAC of the step) is twice WAITED_SHARE or more.
+WAITED_S = 0.002
+WAITED_SHARE = DATA_FRAC / 2
+
+
+def waited_for_batch(data_s: float, step_s: float) -> bool:
+    """A step of step_s seconds whose batch took data_s to arrive waited for the loader's queue to refill."""
+    return data_s >= max(WAITED_S, WAITED_SHARE * step_s)
 
 
 @dataclass(frozen=True)

@@ -38,27 +38,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from libreyolo import events as ev
 from libreyolo.engine.loop import RunLoop
 from libreyolo.engine.step import PHASES
-from libreyolo.profiler.prefetch import loader_queue
-from libreyolo.profiler.verdict import DATA_FRAC
+from libreyolo.profiler.prefetch import loader_queue, waited_for_batch
 
 ANNOTATION = "libreyolo::"  # prefix of the record_function ranges the analysis looks for in the trace
 WARMUP, UNSYNC, SYNC, DONE = "warmup", "unsync", "sync", "done"
 # a run that captures again and again (shapes that keep changing) is measured anyway after this many moves;
 # the trace's capture count then says that the window holds captures
 MAX_MOVES = 8
-# a step waited for the loader (its queue had run dry) when its batch took at least WAITED_S and WAITED_SHARE of the
-# step to arrive. Taking a batch that is ready takes well under a millisecond (a queue's get), yet a wait over 2 ms
-# once ended the drain of an H100's one-worker case with the workers' queue still full (its first half then waited
-# 1%; docs/performance.md). What held that batch back was not measured; one candidate is the staging thread waiting
-# for the interpreter lock, which an eager host-bound step hands over every 5 ms. A dry queue makes the step wait
-# what the loader is behind, which for a dataloader verdict (DATA_FRAC of the step) is twice WAITED_SHARE or more.
-WAITED_S = 0.002
-WAITED_SHARE = DATA_FRAC / 2
-
-
-def waited_for_batch(data_s: float, step_s: float) -> bool:
-    """A step of step_s seconds whose batch took data_s to arrive waited for the loader's queue to refill."""
-    return data_s >= max(WAITED_S, WAITED_SHARE * step_s)
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -157,7 +143,7 @@ class Window:
         self.start_after = plan.warmup + self.queue.batches  # steps since attach before the first half may start
         # after start_after: steps discarded until one waited for its batch (the queue ran dry), at most
         # queue.batches of them; drain_waited says which ended it, drain_waits_ms what each waited
-        self.drain_steps, self.drain_waited = 0, False
+        self.drain_waited = False
         self.drain_waits_ms: list[float] = []
         self.unsync, self.synced = HalfRecord(), HalfRecord()
         self.prof: profile | None = None
@@ -276,7 +262,7 @@ class Window:
         """Discard until start_after steps since attach (the loader's queue, refilled), then drain anew: the
         drain's timing, if it had begun, is dropped until then."""
         self.start_after = start_after
-        self.drain_steps, self.drain_waited = 0, False
+        self.drain_waited = False
         self.drain_waits_ms = []
         self.trainer.phases = self._prev_phases
 
@@ -286,12 +272,15 @@ class Window:
         if self.warmup_steps < self.start_after or not self.queue.batches or self.drain_waited:
             return
         if isinstance(self.trainer.phases, Recorder) and "data" in self.current:
-            self.drain_steps += 1
             self.drain_waited = waited_for_batch(self.current["data"], time.perf_counter() - self._t_step)
             self.drain_waits_ms.append(round(self.current["data"] * 1000, 2))
         else:
             self.trainer.phases = Recorder(self)
             self.current = {}
+
+    @property
+    def drain_steps(self) -> int:
+        return len(self.drain_waits_ms)
 
     def _drained(self) -> bool:
         """The discarded warmup and queue are behind (start_after), and since then a step has waited for its batch
