@@ -1,4 +1,4 @@
-"""Complete-IoU on broadcastable box tensors.
+"""Complete-IoU on broadcastable box tensors, and the pairwise overlap the assigners build their costs on.
 
 torchvision.ops.complete_box_iou_loss computes the same quantity, but it indexes with a boolean mask
 internally: that is a host synchronisation on every call and cannot be captured in a CUDA graph, and it
@@ -31,3 +31,15 @@ def ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.Ten
     with torch.no_grad():
         alpha = v / (v - iou + (1 + eps))
     return iou - (rho2 / c2 + v * alpha)
+
+
+def pairwise_overlap(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """xyxy boxes a (B, M, 4) and b (B, A, 4) -> the intersection area of every pair (B, M, A) and the boxes' own
+    areas (B, M, 1) and (B, 1, A), not clamped (a predicted box may be inverted). Coordinate by coordinate, in place
+    where a value is not read again: the temporaries are (B, M, A) tensors, not (B, M, A, 2) pairs (at 256 target
+    slots, batch 16, 640 px, one (B, M, A) float32 tensor is 138 MB, 275 MB with YOLOv9's auxiliary head)."""
+    ax1, ay1, ax2, ay2 = a.unsqueeze(2).unbind(-1)  # (B, M, 1) each
+    bx1, by1, bx2, by2 = b.unsqueeze(1).unbind(-1)  # (B, 1, A) each
+    inter = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp_(min=0)
+    inter *= (torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp_(min=0)
+    return inter, (ax2 - ax1) * (ay2 - ay1), (bx2 - bx1) * (by2 - by1)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from libreyolo.nn.boxes import pairwise_overlap
+
 TOPK = 13  # IoUs summed for the dynamic k, which is therefore at most 13
 IOU_WEIGHT = 3.0
 CENTER_RADIUS = 3.0  # the soft centre prior is 1 at this distance (in strides) from the box centre
@@ -44,12 +46,7 @@ class Assignment:
 def pairwise_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a (B, M, 4), b (B, A, 4) xyxy -> IoU (B, M, A), mmdetection's arithmetic (areas not clamped, the union at
     least EPS_AREA): a predicted box may be inverted (a distance head without exp can output negative distances)."""
-    ax1, ay1, ax2, ay2 = a.unsqueeze(2).unbind(-1)  # (B, M, 1) each; coordinate by coordinate: no (B, M, A, 2)
-    bx1, by1, bx2, by2 = b.unsqueeze(1).unbind(-1)  # (B, 1, A) each
-    inter = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp(min=0)
-    inter = inter * (torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp(min=0)
-    area_a = (ax2 - ax1) * (ay2 - ay1)
-    area_b = (bx2 - bx1) * (by2 - by1)
+    inter, area_a, area_b = pairwise_overlap(a, b)
     return inter / (area_a + area_b - inter).clamp(min=EPS_AREA)
 
 

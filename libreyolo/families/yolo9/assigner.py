@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from libreyolo.nn.boxes import pairwise_overlap
+
 
 def pairwise_ciou(gt: torch.Tensor, pred: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
     """CIoU between each ground truth (B, M, 4) and each predicted box (B, A, 4) -> (B, M, A), clamped at 0; no
@@ -19,10 +21,8 @@ def pairwise_ciou(gt: torch.Tensor, pred: torch.Tensor, eps: float = 1e-7) -> to
     slots), batch 16 with YOLOv9's auxiliary head, 640 px, each (B, M, A) float32 tensor is 275 MB."""
     ax1, ay1, ax2, ay2 = gt.unsqueeze(2).unbind(-1)  # (B, M, 1) each
     bx1, by1, bx2, by2 = pred.unsqueeze(1).unbind(-1)  # (B, 1, A) each
-    w1, h1, w2, h2 = ax2 - ax1, ay2 - ay1, bx2 - bx1, by2 - by1
-    inter = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp_(min=0)
-    inter *= (torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp_(min=0)
-    union = w1 * h1 + w2 * h2 - inter + eps
+    inter, area_a, area_b = pairwise_overlap(gt, pred)
+    union = area_a + area_b - inter + eps
     iou = inter.div_(union)
     del union
     c2 = (torch.maximum(ax2, bx2) - torch.minimum(ax1, bx1)).pow_(2)
@@ -33,6 +33,7 @@ def pairwise_ciou(gt: torch.Tensor, pred: torch.Tensor, eps: float = 1e-7) -> to
     rho2 /= 4  # the centres' distance squared
     term = rho2.div_(c2)
     del c2
+    w1, h1, w2, h2 = ax2 - ax1, ay2 - ay1, bx2 - bx1, by2 - by1
     v = (torch.atan(w2 / (h2 + eps)) - torch.atan(w1 / (h1 + eps))).pow_(2).mul_(4 / math.pi**2)
     alpha = v / (v - iou + (1 + eps))
     term += v.mul_(alpha)
