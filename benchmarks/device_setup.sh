@@ -7,6 +7,9 @@
 #   here, once:  echo /.whl/ >> .git/info/exclude
 #                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #                    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl faster-coco-eval==1.8.0
+#                (for the console's GPU test add `--platform any` and the console's packages at pyproject's test pins:
+#                textual==8.2.8 textual-plotext==1.0.1 plotext==5.3.2 textual-image mdit-py-plugins platformdirs
+#                linkify-it-py uc-micro-py; plotext 6 breaks textual-plotext's import)
 #   old code to race against (benchmarks/race_ab.py): mkdir -p .gpu/old && git archive REF | tar -x -C .gpu/old
 #                (with /.gpu/ in .git/info/exclude; name .gpu and .whl in the call's carry)
 #   there:       source benchmarks/device_setup.sh && libreyolo bench race data=/tmp/s800/data.yaml epochs=15 \
