@@ -5,6 +5,9 @@ drawing is matplotlib and numpy code that holds the interpreter lock for most of
 results.png and the curves more): on a thread of the training process it would hold up the loop, which needs the
 lock to queue each step. Where fork is not safe (not Linux) or the child died, the thread draws.
 
+The child is a pool of up to PLOT_WORKERS processes where the machine has the cores: a run's last validation
+leaves some ten pictures at once (1.5-2.5 s drawn one after another), and the run's end waits for them.
+
 The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of
 the first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with
 each finished validation's result (results.png, the curves, the confusion matrices and the validation mosaics: at
@@ -19,7 +22,9 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ from libreyolo.plots import jobs as J
 BATCHES = 3  # train_batch0..2.jpg, val_batch0..2_*.jpg
 QUEUE = 16  # jobs waiting at most
 INTERVAL_S = 60.0  # the validation plots at most this often before the final epoch
+PLOT_WORKERS = 4  # drawing children at most (plot_workers)
 MISSING = (
     'plots: matplotlib is not installed (pip install "libreyolo[plots]"): results.png, the PR/F1/P/R curves, the '
     "confusion matrices and labels.jpg are not written; the image mosaics are"
@@ -40,6 +46,14 @@ _STOP = object()
 
 
 CLOSE_S = 30.0
+
+
+def plot_workers() -> int:
+    """Drawing processes: one per four CPU cores this process may use, 2 to PLOT_WORKERS (a 16-core GPU host gets
+    4; 1 on one core). The children are niced, and before the end they draw one validation's pictures a minute at
+    most; a run's end waits for its last ones, which more children draw sooner (docs/performance.md, "Plots")."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 1 if cores < 2 else min(PLOT_WORKERS, max(2, cores // 4))
 
 
 class PlotWriter:
@@ -56,13 +70,14 @@ class PlotWriter:
         warn: Callable[[str], None] | None = None,
         interval_s: float = INTERVAL_S,
         child: bool | None = None,
+        workers: int | None = None,
     ):
         """run_dir: where the pictures go; names: the classes; task: detect or classify; enabled False (plots=false,
         or a rank other than 0): every call returns at once and nothing is written. epochs: the run's epoch count
         (its last validation is always plotted); train_labels: the training split's labels (labels.jpg);
         val_dataset / val_batch: the validation view and its loader's batch size (the validation mosaics reload
         their images from it); warn: where a one-line warning goes; child: draw in a forked child process (None: where
-        fork is safe)."""
+        fork is safe); workers: drawing children (None: plot_workers())."""
         self.enabled = enabled
         self.run_dir, self.names, self.task, self.epochs = Path(run_dir), list(names), task, epochs
         self.val_dataset, self.val_batch, self.interval_s = val_dataset, val_batch, interval_s
@@ -82,7 +97,7 @@ class PlotWriter:
         if not self._mpl:
             self.warn(MISSING)
         if can_fork() if child is None else child:
-            self._child = KeptChild(_child_init)
+            self._child = KeptChild(_child_init, plot_workers() if workers is None else workers)
             self._child.start()  # forked now, from this thread and before the loop starts, not at the first job
         self._thread = threading.Thread(target=self._work, name="libreyolo-plots", daemon=True)
         self._thread.start()
@@ -163,11 +178,19 @@ class PlotWriter:
                 )
             return
         curves, map50, boxes = result.get("curves"), float(result.get("map50", 0.0)), result.get("boxes")
+        if mpl and curves is not None:
+            self._submit(J.pr_job, lambda: (curves, names, map50, run_dir))
+            for key in J.CONF_CURVES:
+                self._submit(J.conf_curve_job, lambda key=key: (curves, names, key, run_dir))
+        if mpl and boxes is not None:
+            for normalize in (False, True):
+                self._submit(J.confusion_job, lambda n=normalize: (boxes, names, n, run_dir))
         val_batch = self.val_batch
-        self._submit(
-            J.detect_job,
-            lambda: (curves, map50, boxes, names, J.val_samples(result, data, val_batch, BATCHES), run_dir, mpl),
-        )
+        for b in range(BATCHES):
+            self._submit(
+                J.val_batch_job,
+                lambda b=b: (J.val_samples(result, data, val_batch, b), names, b, run_dir),
+            )
 
     def _submit(self, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> None:
         """fn(*gather()) drawn off the loop: gather runs on the writer's thread (it may wait on the device or read
@@ -178,26 +201,47 @@ class PlotWriter:
             self.dropped += 1
 
     def _work(self) -> None:
+        """Gather each job's arrays here, in order, and keep up to one job per drawing child in flight."""
+        drawing: deque[tuple[Future[None], Callable[..., None], tuple[Any, ...]]] = deque()
+        workers = self._child.workers if self._child is not None else 1
         while True:
             job = self._queue.get()
             if job is _STOP:
-                return
+                break
             fn, gather = job
             try:
-                self._draw(fn, gather())
+                args = gather()
+                drawing.append((self._start(fn, args), fn, args))
             except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
-                self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
+                self._failed(fn, e)
+            while len(drawing) >= workers:
+                self._finish(*drawing.popleft())
+        while drawing:
+            self._finish(*drawing.popleft())
 
-    def _draw(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        """In the child where there is one (it draws here once the child has died), else here."""
+    def _start(self, fn: Callable[..., None], args: tuple[Any, ...]) -> Future[None]:
+        """In a child where there is one (drawn here once the children have died), else here, now."""
         if self._child is not None:
-            self._child.call(fn, *args)
-        else:
-            fn(*args)
+            return self._child.submit(fn, *args)
+        done: Future[None] = Future()
+        done.set_result(fn(*args))
+        return done
+
+    def _finish(self, future: Future[None], fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        try:
+            if self._child is not None:
+                self._child.result(future, fn, *args)
+            else:
+                future.result()
+        except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
+            self._failed(fn, e)
+
+    def _failed(self, fn: Callable[..., None], e: Exception) -> None:
+        self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
 
 
 def _child_init() -> None:
-    """The drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
+    """A drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
     lower priority, so that on busy CPUs the training process's threads go first."""
     import cv2
 
@@ -206,3 +250,5 @@ def _child_init() -> None:
         os.nice(10)
     except OSError:  # a sandbox may refuse it
         pass
+    if figures.available():  # imported now, beside the training, not before the first picture (0.25 s)
+        import matplotlib.backends.backend_agg  # noqa: F401
