@@ -6,7 +6,8 @@ results.png and the curves more): on a thread of the training process it would h
 lock to queue each step. Where fork is not safe (not Linux) or the child died, the thread draws.
 
 The child is a pool of up to PLOT_WORKERS processes where the machine has the cores: a run's last validation
-leaves some ten pictures at once (1.5-2.5 s drawn one after another), and the run's end waits for them.
+leaves some ten pictures at once, and the run's end waits for them (drawn one after another, they made the end of
+a 15-epoch race 1.2-2.7 s longer than without plots: docs/performance.md).
 
 The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of
 the first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with
@@ -49,11 +50,12 @@ CLOSE_S = 30.0
 
 
 def plot_workers() -> int:
-    """Drawing processes: one per four CPU cores this process may use, 2 to PLOT_WORKERS (a 16-core GPU host gets
-    4; 1 on one core). The children are niced, and before the end they draw one validation's pictures a minute at
-    most; a run's end waits for its last ones, which more children draw sooner (docs/performance.md, "Plots")."""
+    """Drawing processes: one per four CPU cores this process may use, 1 to PLOT_WORKERS (a 16-core GPU host gets
+    4). The children are niced, and before the end they draw one validation's pictures a minute at most; a run's
+    end waits for its last ones, which more children draw sooner. A machine of fewer than 8 cores keeps one: each
+    child costs its fork and its matplotlib import beside the training, in every run."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return 1 if cores < 2 else min(PLOT_WORKERS, max(2, cores // 4))
+    return max(1, min(PLOT_WORKERS, cores // 4))
 
 
 class PlotWriter:
