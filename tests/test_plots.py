@@ -173,8 +173,12 @@ def _stamp(path: Path) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the drawing children are forked on Linux only")
 def test_the_last_validations_pictures_are_drawn_by_several_children_at_once(tmp_path: Path) -> None:
-    # a run's end waits for its last validation's pictures: ten of them, drawn one after another before
-    w = PlotWriter(tmp_path, ["a"], "detect", epochs=1, child=True, workers=3)
+    # a run's end waits for its last validation's pictures: ten of them, drawn one after another before; while the
+    # loop runs, one child is enough
+    w = PlotWriter(tmp_path, ["a"], "detect", epochs=2, child=True, workers=3)
+    w.validation(0, {"map50": 0.0, "curves": None, "boxes": None})
+    assert w._burst is None
+    w.validation(1, {"map50": 0.0, "curves": None, "boxes": None})  # the last epoch's
     for k in range(3):
         w._submit(_stamp, lambda k=k: (tmp_path / f"job{k}.txt",))
     w.close()
@@ -182,5 +186,6 @@ def test_the_last_validations_pictures_are_drawn_by_several_children_at_once(tmp
     assert len(runs) == 3 and w.errors == []
     pids = {r[0] for r in runs}
     spans = [(float(a), float(b)) for _, a, b in runs]
-    assert len(pids) == 3 and str(os.getpid()) not in pids
-    assert max(a for a, _ in spans) < min(b for _, b in spans), f"the jobs ran one after another: {spans}"
+    assert len(pids) >= 2 and str(os.getpid()) not in pids
+    spans.sort()
+    assert any(b0 > a1 for (_, b0), (a1, _) in zip(spans, spans[1:])), f"the jobs ran one after another: {spans}"

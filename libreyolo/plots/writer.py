@@ -5,9 +5,10 @@ drawing is matplotlib and numpy code that holds the interpreter lock for most of
 results.png and the curves more): on a thread of the training process it would hold up the loop, which needs the
 lock to queue each step. Where fork is not safe (not Linux) or the child died, the thread draws.
 
-The child is a pool of up to PLOT_WORKERS processes where the machine has the cores: a run's last validation
-leaves some ten pictures at once, and the run's end waits for them (drawn one after another, they made the end of
-a 15-epoch race 1.2-2.7 s longer than without plots: docs/performance.md).
+A run's last validation leaves some ten pictures at once, and the run's end waits for them (drawn one after
+another, they made the end of a 15-epoch race 1.2-2.7 s longer than without plots: docs/performance.md). So once
+the loop is over, where the machine has the cores, up to PLOT_WORKERS more children are forked to draw them side
+by side; while it runs, the one child forked at the start is enough (a validation's pictures a minute at most).
 
 The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of
 the first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with
@@ -50,10 +51,9 @@ CLOSE_S = 30.0
 
 
 def plot_workers() -> int:
-    """Drawing processes: one per four CPU cores this process may use, 1 to PLOT_WORKERS (a 16-core GPU host gets
-    4). The children are niced, and before the end they draw one validation's pictures a minute at most; a run's
-    end waits for its last ones, which more children draw sooner. A machine of fewer than 8 cores keeps one: each
-    child costs its fork and its matplotlib import beside the training, in every run."""
+    """Children that draw a run's last pictures: one per four CPU cores this process may use, 1 to PLOT_WORKERS (a
+    16-core GPU host gets 4). A machine of fewer than 8 cores keeps its one child: each more is a fork and a
+    matplotlib import in every run, and the CPU test suite makes hundreds of short runs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(PLOT_WORKERS, cores // 4))
 
@@ -79,7 +79,7 @@ class PlotWriter:
         (its last validation is always plotted); train_labels: the training split's labels (labels.jpg);
         val_dataset / val_batch: the validation view and its loader's batch size (the validation mosaics reload
         their images from it); warn: where a one-line warning goes; child: draw in forked child processes (None: where
-        fork is safe); workers: drawing children (None: plot_workers())."""
+        fork is safe); workers: children for the run's last pictures (None: plot_workers())."""
         self.enabled = enabled
         self.run_dir, self.names, self.task, self.epochs = Path(run_dir), list(names), task, epochs
         self.val_dataset, self.val_batch, self.interval_s = val_dataset, val_batch, interval_s
@@ -94,12 +94,14 @@ class PlotWriter:
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE)
         self._thread: threading.Thread | None = None
         self._child: KeptChild | None = None
+        self._burst: KeptChild | None = None  # the children forked for the run's last pictures (_widen)
+        self._workers = plot_workers() if workers is None else workers
         if not enabled:
             return
         if not self._mpl:
             self.warn(MISSING)
         if can_fork() if child is None else child:
-            self._child = KeptChild(_child_init, plot_workers() if workers is None else workers)
+            self._child = KeptChild(_child_init)
             self._child.start()  # forked now, from this thread and before the loop starts, not at the first job
         self._thread = threading.Thread(target=self._work, name="libreyolo-plots", daemon=True)
         self._thread.start()
@@ -133,6 +135,8 @@ class PlotWriter:
         final = self.epochs is not None and epoch >= self.epochs - 1
         now = time.monotonic()
         if final or now - self._last_val_plot >= self.interval_s:
+            if final:
+                self._widen()  # the run's last validation: the loop is over
             self._last_val_plot, self._unplotted = now, None
             self._validation_plots(result)
         else:
@@ -143,6 +147,7 @@ class PlotWriter:
         if self._thread is None:
             return
         if self._unplotted is not None:
+            self._widen()
             self._validation_plots(self._unplotted[1])
             self._unplotted = None
         # the jobs ahead of the stop finish first, but a run's end never waits on its pictures for longer than
@@ -156,9 +161,10 @@ class PlotWriter:
         if stuck:
             self.errors.append(f"the plot thread did not finish within {CLOSE_S:g} s; its pictures were left")
         self._thread = None
-        if self._child is not None:
-            self._child.close(wait=not stuck)
-            self._child = None
+        for child in (self._child, self._burst):
+            if child is not None:
+                child.close(wait=not stuck)
+        self._child = self._burst = None
         if self.errors:
             more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
             self.warn(f"plots: {self.errors[0]}{more}; the run's other files are complete")
@@ -202,37 +208,47 @@ class PlotWriter:
         except queue.Full:
             self.dropped += 1
 
+    def _widen(self) -> None:
+        """Fork the children that draw the run's last pictures beside the one kept child (called once the loop is
+        over: a fork holds the interpreter lock while it copies this process's page tables)."""
+        if self._child is not None and self._burst is None and self._workers > 1:
+            self._burst = KeptChild(_child_init, self._workers)
+            self._burst.start()
+
     def _work(self) -> None:
         """Gather each job's arrays here, in order, and keep up to one job per drawing child in flight."""
-        drawing: deque[tuple[Future[None], Callable[..., None], tuple[Any, ...]]] = deque()
-        workers = self._child.workers if self._child is not None else 1
+        drawing: deque[tuple[KeptChild | None, Future[None], Callable[..., None], tuple[Any, ...]]] = deque()
         while True:
             job = self._queue.get()
             if job is _STOP:
                 break
             fn, gather = job
+            pool = self._burst or self._child
             try:
                 args = gather()
-                drawing.append((self._start(fn, args), fn, args))
+                drawing.append((pool, self._start(pool, fn, args), fn, args))
             except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
                 self._failed(fn, e)
-            while len(drawing) >= workers:
+            while len(drawing) >= (pool.workers if pool is not None else 1):
                 self._finish(*drawing.popleft())
         while drawing:
             self._finish(*drawing.popleft())
 
-    def _start(self, fn: Callable[..., None], args: tuple[Any, ...]) -> Future[None]:
+    @staticmethod
+    def _start(pool: KeptChild | None, fn: Callable[..., None], args: tuple[Any, ...]) -> Future[None]:
         """In a child where there is one (drawn here once the children have died), else here, now."""
-        if self._child is not None:
-            return self._child.submit(fn, *args)
+        if pool is not None:
+            return pool.submit(fn, *args)
         done: Future[None] = Future()
         done.set_result(fn(*args))
         return done
 
-    def _finish(self, future: Future[None], fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    def _finish(
+        self, pool: KeptChild | None, future: Future[None], fn: Callable[..., None], args: tuple[Any, ...]
+    ) -> None:
         try:
-            if self._child is not None:
-                self._child.result(future, fn, *args)
+            if pool is not None:
+                pool.result(future, fn, *args)
             else:
                 future.result()
         except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
