@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -19,14 +19,14 @@ T = TypeVar("T")
 
 
 class KeptChild:
-    """A child process (or `workers` of them), forked by start() or the first call and kept for the next ones, in
-    which `call(fn, *args)` runs fn (the caller's thread waits without the interpreter lock); `submit` starts fn
-    without waiting and `result` waits for it. A child that died is not restarted: that call and the later ones run
-    in the caller's process, as without one. close() ends it; a parent that ends without close() (killed, or a
-    crash's os._exit) leaves it to end itself within PARENT_CHECK_S. init, if given, runs first in the child."""
+    """A child process, forked by start() or the first call and kept for the next ones, in which `call(fn, *args)`
+    runs fn (the caller's thread waits without the interpreter lock). A child that died is not restarted: that call
+    and the later ones run in the caller's process, as without one. close() ends it; a parent that ends without
+    close() (killed, or a crash's os._exit) leaves it to end itself within PARENT_CHECK_S. init, if given, runs
+    first in the child."""
 
-    def __init__(self, init: Callable[[], None] | None = None, workers: int = 1) -> None:
-        self._init, self.workers = init, max(1, workers)
+    def __init__(self, init: Callable[[], None] | None = None) -> None:
+        self._init = init
         self._pool: ProcessPoolExecutor | None = None
         self._broken = False
         self._lock = threading.Lock()
@@ -39,39 +39,19 @@ class KeptChild:
     def _get_pool(self) -> ProcessPoolExecutor | None:
         with self._lock:
             if self._pool is None and not self._broken:
-                self._pool = forked_pool(self.workers, self._init)
-                self._pool.submit(int)  # the executor forks its workers at the first submission
+                self._pool = forked_pool(1, self._init)
+                self._pool.submit(int)  # the executor forks its worker at the first submission
             return self._pool
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return self.result(self.submit(fn, *args), fn, *args)
-
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """fn(*args) started in a child; where there is none (or it died), run here before this returns."""
         pool = self._get_pool()
         if pool is not None:
             try:
-                return pool.submit(fn, *args)
+                return pool.submit(fn, *args).result()
             except BrokenProcessPool:
-                self._lost()
-        done: Future[T] = Future()
-        try:
-            done.set_result(fn(*args))
-        except Exception as e:  # noqa: BLE001  (raised again by result(), as a child's would be)
-            done.set_exception(e)
-        return done
-
-    def result(self, future: Future[T], fn: Callable[..., T], *args: Any) -> T:
-        """submit's result; where the child died under it, fn(*args) runs here instead."""
-        try:
-            return future.result()
-        except BrokenProcessPool:
-            self._lost()
-            return fn(*args)
-
-    def _lost(self) -> None:
-        with self._lock:
-            self._broken, self._pool = True, None
+                with self._lock:
+                    self._broken, self._pool = True, None
+        return fn(*args)
 
     def close(self, wait: bool = True) -> None:
         """wait=False: a call still running is left to the child, which ends once it has returned."""

@@ -1,15 +1,12 @@
 """The pictures a run leaves in its folder (libreyolo/plots): every plot of a detection run and of a classifier run
 exists, opens as an image of a sensible size and is not blank; plots=false writes none; the writer keeps only the
 first three batches of the first epoch, goes on without matplotlib (one warning) and never fails the run; the
-training process itself never draws (forked children do, several at once where asked, or the writer's thread where
-they died)."""
+training process itself never draws (a forked child does, or the writer's thread where the child died)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import cv2
@@ -162,30 +159,3 @@ def test_a_child_that_died_leaves_the_drawing_to_the_thread(tmp_path: Path) -> N
     w.train_batch(0, *_batch())
     w.close()
     assert_pictures(tmp_path, ["train_batch0.jpg"])
-
-
-def _stamp(path: Path) -> None:
-    """A job of a drawing child: how long it ran and in which process."""
-    start = time.monotonic()
-    time.sleep(0.4)
-    path.write_text(f"{os.getpid()} {start} {time.monotonic()}")
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the drawing children are forked on Linux only")
-def test_the_last_validations_pictures_are_drawn_by_several_children_at_once(tmp_path: Path) -> None:
-    # a run's end waits for its last validation's pictures: ten of them, drawn one after another before; while the
-    # loop runs, one child is enough
-    w = PlotWriter(tmp_path, ["a"], "detect", epochs=2, child=True, workers=3)
-    w.validation(0, {"map50": 0.0, "curves": None, "boxes": None})
-    assert w._burst is None
-    w.validation(1, {"map50": 0.0, "curves": None, "boxes": None})  # the last epoch's
-    for k in range(3):
-        w._submit(_stamp, lambda k=k: (tmp_path / f"job{k}.txt",))
-    w.close()
-    runs = [f.read_text().split() for f in sorted(tmp_path.glob("job*.txt"))]
-    assert len(runs) == 3 and w.errors == []
-    pids = {r[0] for r in runs}
-    spans = [(float(a), float(b)) for _, a, b in runs]
-    assert len(pids) >= 2 and str(os.getpid()) not in pids
-    spans.sort()
-    assert any(b0 > a1 for (_, b0), (a1, _) in zip(spans, spans[1:])), f"the jobs ran one after another: {spans}"

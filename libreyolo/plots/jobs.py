@@ -54,60 +54,59 @@ def labels_job(labels: list[np.ndarray], names: list[str], path: Path) -> None:
     figures.labels_plot(labels, names, path)
 
 
-Sample = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]
-CONF_CURVES = {"f1": ("F1", "F1_curve"), "p": ("Precision", "P_curve"), "r": ("Recall", "R_curve")}
+Samples = list[tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]]
 
 
-def val_samples(result: dict[str, Any], val_dataset: Any, val_batch: int, b: int) -> Sample | None:
-    """Validation batch b as the network saw it: its images, their labels and the predictions from PRED_CONF on,
-    (n, 5) and (n, 6) rows in the images' pixels; None past the last batch. Read on the writer's thread (the
+def val_samples(result: dict[str, Any], val_dataset: Any, val_batch: int, batches: int) -> Samples:
+    """The first `batches` validation batches as the network saw them: per batch the images, their labels and the
+    predictions from PRED_CONF on, (n, 5) and (n, 6) rows in the images' pixels. Read on the writer's thread (the
     dataset may be a RAM cache of this process)."""
     if val_dataset is None:
-        return None
-    ids = range(b * val_batch, min(b * val_batch + min(val_batch, MAX_TILES), len(val_dataset)))
-    if not len(ids):
-        return None
+        return []
     boxes = result.get("boxes")
     dt = boxes["dt"] if boxes is not None else np.zeros((0, 7))
     dt = dt[dt[:, 6] >= PRED_CONF]
-    imgs, labels, preds = [], [], []
-    for i in ids:
-        item = val_dataset[i]
-        if item["img"] is None:
-            continue
-        imgs.append(item["img"])
-        labels.append(item["boxes"])
-        mine = dt[dt[:, 0] == i]  # image id, class, x1, y1, x2, y2, score in original pixels
-        xyxy = mine[:, 2:6] * item["scale"] + np.tile(np.asarray(item["pad"], np.float64), 2)
-        preds.append(np.column_stack([mine[:, 1], xyxy, mine[:, 6]]))
-    return imgs, labels, preds
+    out: Samples = []
+    for b in range(batches):
+        ids = range(b * val_batch, min(b * val_batch + min(val_batch, MAX_TILES), len(val_dataset)))
+        if not len(ids):
+            break
+        imgs, labels, preds = [], [], []
+        for i in ids:
+            item = val_dataset[i]
+            if item["img"] is None:
+                continue
+            imgs.append(item["img"])
+            labels.append(item["boxes"])
+            mine = dt[dt[:, 0] == i]  # image id, class, x1, y1, x2, y2, score in original pixels
+            xyxy = mine[:, 2:6] * item["scale"] + np.tile(np.asarray(item["pad"], np.float64), 2)
+            preds.append(np.column_stack([mine[:, 1], xyxy, mine[:, 6]]))
+        out.append((imgs, labels, preds))
+    return out
 
 
-# A run's last validation leaves these pictures at once: one job each, so that the drawing children share them.
-def pr_job(curves: dict[str, Any], names: list[str], map50: float, run_dir: Path) -> None:
-    figures.pr_curve(curves, names, map50, run_dir / "PR_curve.png")
-
-
-def conf_curve_job(curves: dict[str, Any], names: list[str], key: str, run_dir: Path) -> None:
-    """F1_curve.png, P_curve.png or R_curve.png (key f1, p or r)."""
-    label, name = CONF_CURVES[key]
-    figures.conf_curve(curves, names, key, label, run_dir / f"{name}.png")
-
-
-def confusion_job(boxes: dict[str, np.ndarray], names: list[str], normalize: bool, run_dir: Path) -> None:
-    """confusion_matrix.png, or confusion_matrix_normalized.png."""
-    cm = confusion_matrix(boxes["images"], boxes["gt"], boxes["dt"], len(names))
-    name = "confusion_matrix_normalized.png" if normalize else "confusion_matrix.png"
-    figures.confusion(cm, names, normalize, run_dir / name)
-
-
-def val_batch_job(sample: Sample | None, names: list[str], b: int, run_dir: Path) -> None:
-    """val_batch{b}_labels.jpg and _pred.jpg (nothing past the last batch)."""
-    if sample is None:
-        return
-    imgs, labels, preds = sample
-    write_jpg(mosaic(imgs, labels, names), run_dir / f"val_batch{b}_labels.jpg")
-    write_jpg(mosaic(imgs, preds, names), run_dir / f"val_batch{b}_pred.jpg")
+def detect_job(
+    curves: dict[str, Any] | None,
+    map50: float,
+    boxes: dict[str, np.ndarray] | None,
+    names: list[str],
+    samples: Samples,
+    run_dir: Path,
+    mpl: bool,
+) -> None:
+    """The PR, F1, P and R curves, the confusion matrices (counts and normalised), and val_batchN_labels.jpg /
+    _pred.jpg of the samples (val_samples)."""
+    if mpl and curves is not None:
+        figures.pr_curve(curves, names, map50, run_dir / "PR_curve.png")
+        for key, label, name in (("f1", "F1", "F1_curve"), ("p", "Precision", "P_curve"), ("r", "Recall", "R_curve")):
+            figures.conf_curve(curves, names, key, label, run_dir / f"{name}.png")
+    if mpl and boxes is not None:
+        cm = confusion_matrix(boxes["images"], boxes["gt"], boxes["dt"], len(names))
+        figures.confusion(cm, names, False, run_dir / "confusion_matrix.png")
+        figures.confusion(cm, names, True, run_dir / "confusion_matrix_normalized.png")
+    for b, (imgs, labels, preds) in enumerate(samples):
+        write_jpg(mosaic(imgs, labels, names), run_dir / f"val_batch{b}_labels.jpg")
+        write_jpg(mosaic(imgs, preds, names), run_dir / f"val_batch{b}_pred.jpg")
 
 
 def misclassified(result: dict[str, Any], names: list[str], val_dataset: Any) -> tuple[list[np.ndarray], list[str]]:

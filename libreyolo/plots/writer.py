@@ -5,11 +5,6 @@ drawing is matplotlib and numpy code that holds the interpreter lock for most of
 results.png and the curves more): on a thread of the training process it would hold up the loop, which needs the
 lock to queue each step. Where fork is not safe (not Linux) or the child died, the thread draws.
 
-A run's last validation leaves some ten pictures at once, and the run's end waits for them (drawn one after
-another, they made the end of a 15-epoch race 1.2-2.7 s longer than without plots: docs/performance.md). So once
-the loop is over, where the machine has the cores, up to PLOT_WORKERS more children are forked to draw them side
-by side; while it runs, the one child forked at the start is enough (a validation's pictures a minute at most).
-
 The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of
 the first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with
 each finished validation's result (results.png, the curves, the confusion matrices and the validation mosaics: at
@@ -24,9 +19,7 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +32,6 @@ from libreyolo.plots import jobs as J
 BATCHES = 3  # train_batch0..2.jpg, val_batch0..2_*.jpg
 QUEUE = 16  # jobs waiting at most
 INTERVAL_S = 60.0  # the validation plots at most this often before the final epoch
-PLOT_WORKERS = 4  # drawing children at most (plot_workers)
 MISSING = (
     'plots: matplotlib is not installed (pip install "libreyolo[plots]"): results.png, the PR/F1/P/R curves, the '
     "confusion matrices and labels.jpg are not written; the image mosaics are"
@@ -48,14 +40,6 @@ _STOP = object()
 
 
 CLOSE_S = 30.0
-
-
-def plot_workers() -> int:
-    """Children that draw a run's last pictures: one per four CPU cores this process may use, 1 to PLOT_WORKERS (a
-    16-core GPU host gets 4). A machine of fewer than 8 cores keeps its one child: each more is a fork and a
-    matplotlib import in every run, and the CPU test suite makes hundreds of short runs."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(PLOT_WORKERS, cores // 4))
 
 
 class PlotWriter:
@@ -72,14 +56,13 @@ class PlotWriter:
         warn: Callable[[str], None] | None = None,
         interval_s: float = INTERVAL_S,
         child: bool | None = None,
-        workers: int | None = None,
     ):
         """run_dir: where the pictures go; names: the classes; task: detect or classify; enabled False (plots=false,
         or a rank other than 0): every call returns at once and nothing is written. epochs: the run's epoch count
         (its last validation is always plotted); train_labels: the training split's labels (labels.jpg);
         val_dataset / val_batch: the validation view and its loader's batch size (the validation mosaics reload
-        their images from it); warn: where a one-line warning goes; child: draw in forked child processes (None: where
-        fork is safe); workers: children for the run's last pictures (None: plot_workers())."""
+        their images from it); warn: where a one-line warning goes; child: draw in a forked child process (None: where
+        fork is safe)."""
         self.enabled = enabled
         self.run_dir, self.names, self.task, self.epochs = Path(run_dir), list(names), task, epochs
         self.val_dataset, self.val_batch, self.interval_s = val_dataset, val_batch, interval_s
@@ -94,8 +77,6 @@ class PlotWriter:
         self._queue: queue.Queue[Any] = queue.Queue(QUEUE)
         self._thread: threading.Thread | None = None
         self._child: KeptChild | None = None
-        self._burst: KeptChild | None = None  # the children forked for the run's last pictures (_widen)
-        self._workers = plot_workers() if workers is None else workers
         if not enabled:
             return
         if not self._mpl:
@@ -135,8 +116,6 @@ class PlotWriter:
         final = self.epochs is not None and epoch >= self.epochs - 1
         now = time.monotonic()
         if final or now - self._last_val_plot >= self.interval_s:
-            if final:
-                self._widen()  # the run's last validation: the loop is over
             self._last_val_plot, self._unplotted = now, None
             self._validation_plots(result)
         else:
@@ -147,7 +126,6 @@ class PlotWriter:
         if self._thread is None:
             return
         if self._unplotted is not None:
-            self._widen()
             self._validation_plots(self._unplotted[1])
             self._unplotted = None
         # the jobs ahead of the stop finish first, but a run's end never waits on its pictures for longer than
@@ -161,10 +139,9 @@ class PlotWriter:
         if stuck:
             self.errors.append(f"the plot thread did not finish within {CLOSE_S:g} s; its pictures were left")
         self._thread = None
-        for child in (self._child, self._burst):
-            if child is not None:
-                child.close(wait=not stuck)
-        self._child = self._burst = None
+        if self._child is not None:
+            self._child.close(wait=not stuck)
+            self._child = None
         if self.errors:
             more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
             self.warn(f"plots: {self.errors[0]}{more}; the run's other files are complete")
@@ -186,19 +163,11 @@ class PlotWriter:
                 )
             return
         curves, map50, boxes = result.get("curves"), float(result.get("map50", 0.0)), result.get("boxes")
-        if mpl and curves is not None:
-            self._submit(J.pr_job, lambda: (curves, names, map50, run_dir))
-            for key in J.CONF_CURVES:
-                self._submit(J.conf_curve_job, lambda key=key: (curves, names, key, run_dir))
-        if mpl and boxes is not None:
-            for normalize in (False, True):
-                self._submit(J.confusion_job, lambda n=normalize: (boxes, names, n, run_dir))
         val_batch = self.val_batch
-        for b in range(BATCHES):
-            self._submit(
-                J.val_batch_job,
-                lambda b=b: (J.val_samples(result, data, val_batch, b), names, b, run_dir),
-            )
+        self._submit(
+            J.detect_job,
+            lambda: (curves, map50, boxes, names, J.val_samples(result, data, val_batch, BATCHES), run_dir, mpl),
+        )
 
     def _submit(self, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> None:
         """fn(*gather()) drawn off the loop: gather runs on the writer's thread (it may wait on the device or read
@@ -208,58 +177,27 @@ class PlotWriter:
         except queue.Full:
             self.dropped += 1
 
-    def _widen(self) -> None:
-        """Fork the children that draw the run's last pictures beside the one kept child (called once the loop is
-        over: a fork holds the interpreter lock while it copies this process's page tables)."""
-        if self._child is not None and self._burst is None and self._workers > 1:
-            self._burst = KeptChild(_child_init, self._workers)
-            self._burst.start()
-
     def _work(self) -> None:
-        """Gather each job's arrays here, in order, and keep up to one job per drawing child in flight."""
-        drawing: deque[tuple[KeptChild | None, Future[None], Callable[..., None], tuple[Any, ...]]] = deque()
         while True:
             job = self._queue.get()
             if job is _STOP:
-                break
+                return
             fn, gather = job
-            pool = self._burst or self._child
             try:
-                args = gather()
-                drawing.append((pool, self._start(pool, fn, args), fn, args))
+                self._draw(fn, gather())
             except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
-                self._failed(fn, e)
-            while len(drawing) >= (pool.workers if pool is not None else 1):
-                self._finish(*drawing.popleft())
-        while drawing:
-            self._finish(*drawing.popleft())
+                self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
 
-    @staticmethod
-    def _start(pool: KeptChild | None, fn: Callable[..., None], args: tuple[Any, ...]) -> Future[None]:
-        """In a child where there is one (drawn here once the children have died), else here, now."""
-        if pool is not None:
-            return pool.submit(fn, *args)
-        done: Future[None] = Future()
-        done.set_result(fn(*args))
-        return done
-
-    def _finish(
-        self, pool: KeptChild | None, future: Future[None], fn: Callable[..., None], args: tuple[Any, ...]
-    ) -> None:
-        try:
-            if pool is not None:
-                pool.result(future, fn, *args)
-            else:
-                future.result()
-        except Exception as e:  # noqa: BLE001  (a plot never fails the run: reported at close())
-            self._failed(fn, e)
-
-    def _failed(self, fn: Callable[..., None], e: Exception) -> None:
-        self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
+    def _draw(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """In the child where there is one (it draws here once the child has died), else here."""
+        if self._child is not None:
+            self._child.call(fn, *args)
+        else:
+            fn(*args)
 
 
 def _child_init() -> None:
-    """A drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
+    """The drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
     lower priority, so that on busy CPUs the training process's threads go first."""
     import cv2
 
@@ -268,5 +206,3 @@ def _child_init() -> None:
         os.nice(10)
     except OSError:  # a sandbox may refuse it
         pass
-    if figures.available():  # imported now, beside the training, not before the first picture (0.25 s)
-        import matplotlib.backends.backend_agg  # noqa: F401
