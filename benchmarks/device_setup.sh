@@ -16,7 +16,10 @@
 #                    imgsz=640 batch=16 modes=auto
 #   or, two trees: source benchmarks/device_setup.sh && python3 benchmarks/race_ab.py --tree new=. --tree old=.gpu/old \
 #                    --out $OUT/ab.jsonl -- data=/tmp/s800/data.yaml epochs=15 imgsz=640 batch=16
+#   LibreYOLO 1.6 for tests/test_weights16_gpu.py and benchmarks/sizes_vs.py (the device has no network): here,
+#                python3 -m pip install -q --no-deps --target .gpu/ly16 libreyolo==1.6.0 tqdm (carry .gpu/ly16)
 unset PYTHONDONTWRITEBYTECODE
+if [ -d .gpu/ly16 ]; then export LIBREYOLO16_DIR=$PWD/.gpu/ly16; fi
 export PYTHONPYCACHEPREFIX=/tmp/pyc PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-deps --no-build-isolation .whl/*.whl || return 1
