@@ -161,8 +161,10 @@ def test_cache_ram_after_cache_auto_fills_the_rest_and_calls_no_image_bad(tiny_d
     notes: list[str] = []
     ram = open_image_cache("ram", ls, 64, "train", notes, progress=False)
     assert not ram.built and ram.path == auto.path and ram.fill and notes == [] and ram.bad == []
+    assert auto.filled() == 0
     YOLODataset(ls, 64, False, image_source=ram).load(6)
     assert np.array_equal(auto.get(6), load_resized(str(ls.files[6]), 64, max(ls.shapes[6])))
+    assert auto.filled() == ram.filled() == 1  # what the profiler reports of a cache being filled
     ram.close()
     auto.close()
 
@@ -185,6 +187,7 @@ def test_ram_cache_is_one_shared_file_removed_by_its_last_user(tiny_data, tmp_pa
     notes: list[str] = []
     a = open_image_cache("ram", ls, 64, "train", notes, progress=False)
     assert a.built and not orphan.exists() and any(str(orphan) in n for n in notes)
+    assert a.filled() is None  # built before training: not being filled
     b = open_image_cache("ram", ls, 64, "train", [], progress=False)  # a second rank on the host maps it
     assert not b.built and b.path == a.path
     assert np.array_equal(a.get(5), b.get(5)) and not a.get(5).flags.writeable

@@ -80,6 +80,8 @@ def test_window_discards_warmup_measures_two_halves_then_hands_back(profiled):
     assert w["segments"] == 2 and w["traced_steps"] == 4
     ends = [e for e in read_events(run / "events.jsonl") if e["type"] == "run_end"]
     assert ends[-1]["status"] == "finished" and ends[-1]["epochs_done"] == 4  # training went on to the end
+    assert p["meta"]["image_cache"] == {"images": 16, "held_at_start": 16, "held_at_end": 16}  # after epoch 1
+    assert "being filled" not in p["verdict"]["why"]
 
 
 def test_window_rounds_to_accumulation_boundaries(tiny_data, tmp_path):
@@ -94,6 +96,20 @@ def test_window_rounds_to_accumulation_boundaries(tiny_data, tmp_path):
     assert (w["warmup_steps"], w["unsync_steps"], w["sync_steps"]) == (3, 1, 3)
     assert spy.phases == ["NoPhases"] * 3 + ["Recorder"] * 4 + ["NoPhases"]
     assert trainer.phases is NO_PHASES and trainer.after_step is spy
+
+
+def test_the_window_records_the_image_cache_being_filled(tiny_data, tmp_path):
+    """cache=auto (the default) stores each image as it is first decoded: a window inside the first epoch records
+    how many of the training images the cache held at its start and at its end, and the why says so; the
+    module's run, whose window starts in its second epoch, finds them all held and says nothing of it."""
+    trainer, _ = train_with_spy(
+        tiny_data, tmp_path, epochs=1, nbs=4, mosaic=0, cache="auto", profile=True, profile_warmup=1, profile_steps=2
+    )
+    p = load_profile(trainer.s.run_dir)
+    fill = p["meta"]["image_cache"]
+    n = fill["images"]
+    assert n == 16 and 4 <= fill["held_at_start"] < fill["held_at_end"] < n, fill  # batch 4, no mosaic: 4 a step
+    assert f"it held {fill['held_at_start']} of the {n} training images when the window started" in p["verdict"]["why"]
 
 
 def test_profile_off_attaches_nothing(tiny_data, tmp_path):

@@ -176,6 +176,24 @@ def test_a_window_after_the_loaders_queue_says_so_instead_of_the_caveat():
     assert "understated" in decide(h200(utilization=0.4, steps_to_verdict_end=15), {**meta, "loader_queue": None}).why
 
 
+def test_a_window_while_the_image_cache_fills_says_how_full_it_was():
+    """cache=auto fills the RAM cache as the workers first decode each image, so a window in the first epoch sees a
+    loader whose pace changes (an H100's one-worker case: 52 ms a batch in its first trial, with most of the images
+    held, against 200 ms in the next four): the why gives the counts at both ends of the window, whatever the
+    verdict; a cache full before the window (or none being filled) adds nothing."""
+    meta = {**META_9T_EAGER, "cache": "auto", "image_cache": {"images": 800, "held_at_start": 612, "held_at_end": 700}}
+    v = decide(h200(utilization=0.89, data_frac=0.02), meta)
+    assert v.name == COMPUTE
+    assert (
+        "The image cache (cache=auto) was being filled: it held 612 of the 800 training images when the window "
+        "started and 700 when it ended." in v.why
+    )
+    assert "cache=ram fills it before training starts" in v.why
+    full = {**meta, "image_cache": {"images": 800, "held_at_start": 800, "held_at_end": 800}}
+    assert "being filled" not in decide(h200(utilization=0.89), full).why
+    assert "being filled" not in decide(h200(utilization=0.89), META_9T_EAGER).why
+
+
 def test_real_churn_is_still_memory_pressure():
     v = decide(
         h200(

@@ -33,6 +33,9 @@ class ImageSource(Protocol):
     def put(self, i: int, img: np.ndarray) -> None:
         """Image i as load_resized returned it, decoded because get(i) had none: kept by a cache being filled."""
 
+    def filled(self) -> int | None:
+        """How many images a cache being filled (cache=auto) holds so far; None for one built before training."""
+
     def close(self) -> None: ...
 
 

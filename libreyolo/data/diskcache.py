@@ -75,6 +75,9 @@ class DiskCache:
     def put(self, i: int, img: np.ndarray) -> None:
         """Entries are written when the cache is built (data/cache.py), not during training."""
 
+    def filled(self) -> int | None:
+        return None  # built before training
+
     def close(self) -> None:
         """Entries stay on disk for later runs; delete the `*.npy` files to reclaim the space."""
 

@@ -109,6 +109,13 @@ class RamCache:
         row[1], row[2] = img.shape[0], img.shape[1]
         row[3] = 1  # last: a reader that sees it sees the bytes
 
+    def filled(self) -> int | None:
+        """Images stored so far in a cache made to be filled (cache=auto), by every process; None for a built one."""
+        if self._index is None:
+            self._map()
+        assert self._index is not None
+        return int(np.count_nonzero(self._index[:, 3])) if self.filling else None
+
     def _map(self) -> None:
         f = open(self.path, "r+b" if self.fill else "rb")  # noqa: SIM115 (kept open while filling)
         try:

@@ -69,6 +69,9 @@ def _report(w: Window) -> None:
     if w.queue.batches:
         meta["loader_queue"] = w.queue.describe()
         meta["loader_drain"] = {"steps": w.drain_steps, "waited": w.drain_waited, "waits_ms": w.drain_waits_ms}
+    if len(w.cache_fill) == 2 and w.cache_fill[0] is not None and w.cache_fill[1] is not None:
+        (start, n), (end, _) = w.cache_fill
+        meta["image_cache"] = {"images": n, "held_at_start": start, "held_at_end": end}
     profile = build_profile(w, trace, meta)
     profile["window"]["prefetch_batches"] = w.queue.batches
     paths = write_artifacts(run_dir, profile, trace)

@@ -68,3 +68,15 @@ def loader_queue(loader: Any) -> LoaderQueue:
     # TrainLoader stages through PinnedStager (default slots) exactly when stage_to is a CUDA device
     staged = SLOTS - 1 if getattr(loader, "stage_to", None) is not None else 0
     return LoaderQueue(workers if per_worker else 0, per_worker, staged)
+
+
+def cache_fill(loader: Any) -> tuple[int, int] | None:
+    """(images held, images) of the training loader's image cache while it is being filled (cache=auto: loader
+    workers store each image as they first decode it), or None where no cache is being filled. The loader is
+    faster as it fills, so a window in the first epoch measures a loader between its cold and its cached speed."""
+    ds = getattr(loader, "dataset", None)
+    source = getattr(ds, "image_source", None)
+    if ds is None or source is None:
+        return None
+    held = source.filled()
+    return None if held is None else (held, len(ds))

@@ -182,6 +182,7 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
                 f" No step waited for its batch in the {drain['steps']} after them either: the loader keeps ahead "
                 "of the step."
             )
+    v.why += _cache_filling(meta.get("image_cache"), meta.get("cache"))
     if not meta["device"].startswith("cuda"):
         return v
     churn = m["free_per_step"] >= FREE_PER_STEP or m["alloc_retries"] > 0 or m["ooms"] > 0
@@ -197,6 +198,18 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         captures_in_window=m["captures"],
     )
     return v
+
+
+def _cache_filling(fill: dict[str, int] | None, mode: Any) -> str:
+    """The window's sentence on an image cache still being filled (cache=auto): the loader's pace was changing."""
+    if not fill or fill["held_at_start"] >= fill["images"]:
+        return ""
+    return (
+        f" The image cache (cache={mode}) was being filled: it held {fill['held_at_start']} of the {fill['images']} "
+        f"training images when the window started and {fill['held_at_end']} when it ended. The loader decodes only "
+        "the images it does not hold yet, so its pace changes until it holds them all (by the end of the first "
+        "epoch, which reads every image); cache=ram fills it before training starts."
+    )
 
 
 def _decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:

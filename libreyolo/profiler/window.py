@@ -38,7 +38,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from libreyolo import events as ev
 from libreyolo.engine.loop import RunLoop
 from libreyolo.engine.step import PHASES
-from libreyolo.profiler.prefetch import loader_queue, waited_for_batch
+from libreyolo.profiler.prefetch import cache_fill, loader_queue, waited_for_batch
 
 ANNOTATION = "libreyolo::"  # prefix of the record_function ranges the analysis looks for in the trace
 WARMUP, UNSYNC, SYNC, DONE = "warmup", "unsync", "sync", "done"
@@ -145,6 +145,7 @@ class Window:
         # queue.batches of them; drain_waited says which ended it, drain_waits_ms what each waited
         self.drain_waited = False
         self.drain_waits_ms: list[float] = []
+        self.cache_fill: list[tuple[int, int] | None] = []  # the image cache being filled, at the window's ends
         self.unsync, self.synced = HalfRecord(), HalfRecord()
         self.prof: profile | None = None
         self.current: dict[str, float] = {}
@@ -323,6 +324,7 @@ class Window:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             self.mem_before = dict(torch.cuda.memory_stats(self.device))
+        self.cache_fill = [cache_fill(getattr(self.trainer.s, "train_loader", None))]
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self.prof = profile(activities=activities, record_shapes=False, profile_memory=False, with_stack=False)
         self.prof.__enter__()
@@ -332,6 +334,7 @@ class Window:
     def _stop_profiler(self) -> None:
         if self.device.type == "cuda":
             self.mem_after = dict(torch.cuda.memory_stats(self.device))
+        self.cache_fill.append(cache_fill(getattr(self.trainer.s, "train_loader", None)))
         if self.prof is not None:
             self.prof.__exit__(None, None, None)
 
