@@ -99,10 +99,10 @@ def test_one_worker_on_640px_jpegs_is_dataloader(shapes_640, tmp_path):
     # mode), so the host launches one graph a step and the loader is the limit by a margin: a profiled eager step
     # spends about as long launching its 2,714 kernels under the trace (257 ms) as the worker takes for a batch, and
     # its verdict was a coin toss (docs/performance.md, "Profiler verdict cases on the GPU"). cache=false: the
-    # default cache=auto stores each image as the worker first decodes it, so the worker speeds up as it goes. On an
-    # H100 (2026-12-07) the first trial's worker served 52 ms a batch (compute) and the later trials' 200 ms
-    # (dataloader); the cache's fill in those trials was not recorded then (profile.json's meta.image_cache now is).
-    # The case is a loader that decodes every image.
+    # default cache=auto stores each image as the worker first decodes it, so the worker speeds up as it goes: the
+    # case is a loader that decodes every image. With it the first trial's worker still delivers faster than the
+    # later trials' (an H100, 2026-12-07: 157 against 693-940 ms a step with cache=false, all 5 dataloader; 52
+    # against 200 ms with cache=auto, the first read compute), for a reason not found (docs/performance.md).
     r = profile_run(
         shapes_640, tmp_path, "--model", "LibreYOLO9t", "--batch", "32", "--imgsz", "640", "--workers", "1",
         "--cuda-graph", "full", "--warmup", "5", "--steps", "4", "nbs=32", "cache=false",
