@@ -178,9 +178,8 @@ def test_a_window_after_the_loaders_queue_says_so_instead_of_the_caveat():
 
 def test_a_window_while_the_image_cache_fills_says_how_full_it_was():
     """cache=auto fills the RAM cache as the workers first decode each image, so a window in the first epoch sees a
-    loader whose pace changes (an H100's one-worker case: 52 ms a batch in its first trial, with most of the images
-    held, against 200 ms in the next four): the why gives the counts at both ends of the window, whatever the
-    verdict; a cache full before the window (or none being filled) adds nothing."""
+    loader whose pace changes: the why gives the counts at both ends of the window, whatever the verdict; a cache
+    full before the window (or none being filled) adds nothing."""
     meta = {**META_9T_EAGER, "cache": "auto", "image_cache": {"images": 800, "held_at_start": 612, "held_at_end": 700}}
     v = decide(h200(utilization=0.89, data_frac=0.02), meta)
     assert v.name == COMPUTE
