@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from libreyolo.profiler.loadernotes import loader_notes
+
 MALLOC_PER_STEP = 5.0  # cudaMalloc per step worth reporting as growth (it never decides alone)
 FREE_PER_STEP = 2.5  # cudaFree per step that is churn: memory handed back to the driver and taken again
 DATA_FRAC = 0.20
@@ -165,24 +167,7 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
             f" The window was moved past the CUDA graph capture(s) at step(s) {steps}: those steps are not measured."
         )
         v.evidence["window_moved_past"] = m["moved"]
-    if meta.get("loader_queue"):
-        v.why += (
-            f" The window started after the loader's {meta['loader_queue']} had been consumed: every measured batch "
-            "was requested from the loader after the warmup and after any CUDA graph capture."
-        )
-        drain = meta.get("loader_drain") or {}
-        if drain.get("waited"):
-            n = drain["steps"]
-            v.why += (
-                f" It then discarded {n} more step{'s' if n != 1 else ''} until one waited for its batch: the "
-                "batches the loader made while the full queue was consumed are not measured either."
-            )
-        elif drain.get("steps"):
-            v.why += (
-                f" No step waited for its batch in the {drain['steps']} after them either: the loader keeps ahead "
-                "of the step."
-            )
-    v.why += _cache_filling(meta.get("image_cache"), meta.get("cache"))
+    v.why += loader_notes(meta)
     if not meta["device"].startswith("cuda"):
         return v
     churn = m["free_per_step"] >= FREE_PER_STEP or m["alloc_retries"] > 0 or m["ooms"] > 0
@@ -198,18 +183,6 @@ def decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
         captures_in_window=m["captures"],
     )
     return v
-
-
-def _cache_filling(fill: dict[str, int] | None, mode: Any) -> str:
-    """The window's sentence on an image cache still being filled (cache=auto): the loader's pace was changing."""
-    if not fill or fill["held_at_start"] >= fill["images"]:
-        return ""
-    return (
-        f" The image cache (cache={mode}) was being filled: it held {fill['held_at_start']} of the {fill['images']} "
-        f"training images when the window started and {fill['held_at_end']} when it ended. The loader decodes only "
-        "the images it does not hold yet, so its pace changes until it holds them all (by the end of the first "
-        "epoch, which reads every image); cache=ram fills it before training starts."
-    )
 
 
 def _decide(h: dict[str, Any], meta: dict[str, Any]) -> Verdict:
