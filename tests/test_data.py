@@ -71,8 +71,11 @@ def test_samples_are_uint8_with_boxes_inside_and_pure_functions_of_seed_epoch_in
     assert (bx[:, 1:] >= 0).all() and (bx[:, 1:] <= 64).all() and (bx[:, 3] > bx[:, 1]).all()
 
 
-def test_collate_pads_targets_to_power_of_two():
-    assert [capacity(n) for n in (0, 1, 4, 5, 9, 17)] == [4, 4, 4, 8, 16, 32]
+def test_collate_pads_targets_to_a_multiple_of_eight():
+    assert [capacity(n) for n in (0, 1, 4, 5, 8, 9, 17, 24, 25, 150)] == [4, 4, 4, 8, 8, 16, 24, 24, 32, 152]
+    # monotonic: a bound's capacity is never below the capacity of a batch with fewer boxes
+    caps = [capacity(n) for n in range(700)]
+    assert caps == sorted(caps) and all(c >= n for n, c in enumerate(caps))
     s = [
         {"img": np.zeros((8, 8, 3), np.uint8), "boxes": np.ones((n, 5), np.float32), "index": i, "bad": []}
         for i, n in enumerate((1, 5))

@@ -429,7 +429,7 @@ def test_non_finite_gradients_skip_the_step_on_the_device(name):
 @pytest.mark.parametrize(
     "epochs,no_aug,mosaic,start,expected",
     [
-        (30, 15, 1.0, 0, 32),  # mosaic in epochs 0-14: four images' boxes, 7 + 5 + 3 + 2 = 17 -> 32
+        (30, 15, 1.0, 0, 24),  # mosaic in epochs 0-14: four images' boxes, 7 + 5 + 3 + 2 = 17 -> 24
         (15, 15, 1.0, 0, 8),  # the default 15 no-mosaic epochs cover the whole run: one image's, 7 -> 8
         (30, 15, 1.0, 20, 8),  # resumed after mosaic closed
         (30, 15, 0.0, 0, 8),  # mosaic off
@@ -457,7 +457,7 @@ def test_ddp_capacity_bound_covers_every_mosaic_batch(tiny_data):
     from libreyolo.data.labels import scan_labels
 
     labels = [np.zeros((n, 5), np.float32) for n in (1, 5, 3, 0, 7, 2)]
-    assert capacity_bound(labels, mosaic=1.0) == 32  # 7 + 5 + 3 + 2 = 17 -> the next power of two
+    assert capacity_bound(labels, mosaic=1.0) == 24  # 7 + 5 + 3 + 2 = 17 -> the next multiple of 8
     assert capacity_bound(labels, mosaic=0.0) == 8
     assert capacity_bound([], mosaic=1.0) == 4
     data = load_data_config(str(tiny_data))

@@ -3,7 +3,7 @@
 Captured: uint8 -> float normalisation, forward (with the auxiliary head), the loss with its task-aligned
 assigner, backward, and at accumulation boundaries unscale / skip-on-inf / clip / optimizer step / loss-
 scale update / EMA update (capturable.py). What makes that possible:
-- static shapes: targets are padded to a per-image capacity (a power of two) that the setup sets from the label
+- static shapes: targets are padded to a per-image capacity (a multiple of 8) that the setup sets from the label
   scan before the first capture: the most boxes a training batch can hold (data/dataset.py capacity_bound), so a
   run captures once. A batch with more objects than that (only where no bound was given) raises it, and the new
   shape is captured once stable, into a new memory pool (a `recapture`; graphpool.py says why a new one);

@@ -17,8 +17,8 @@ def pairwise_ciou(gt: torch.Tensor, pred: torch.Tensor, eps: float = 1e-7) -> to
     """CIoU between each ground truth (B, M, 4) and each predicted box (B, A, 4) -> (B, M, A), clamped at 0; no
     gradient. The arithmetic of nn/boxes.ciou on gt[:, :, None] and pred[:, None], in the same order (bit for bit:
     tests/test_loss_parity.py), coordinate by coordinate and in place where a value is not read again, so that its
-    temporaries are a few (B, M, A) tensors rather than (B, M, A, 2) pairs: at 150 objects per image (256 target
-    slots), batch 16 with YOLOv9's auxiliary head, 640 px, each (B, M, A) float32 tensor is 275 MB."""
+    temporaries are a few (B, M, A) tensors rather than (B, M, A, 2) pairs: at 150 objects per image (152 target
+    slots), batch 16 with YOLOv9's auxiliary head, 640 px, each (B, M, A) float32 tensor is 163 MB."""
     ax1, ay1, ax2, ay2 = gt.unsqueeze(2).unbind(-1)  # (B, M, 1) each
     bx1, by1, bx2, by2 = pred.unsqueeze(1).unbind(-1)  # (B, 1, A) each
     inter, area_a, area_b = pairwise_overlap(gt, pred)
