@@ -19,27 +19,29 @@ T = TypeVar("T")
 
 
 class KeptChild:
-    """A child process, forked by start() or the first call and kept for the next ones, in which `call(fn, *args)`
-    runs fn (the caller's thread waits without the interpreter lock). A child that died is not restarted: that call
-    and the later ones run in the caller's process, as without one. close() ends it; a parent that ends without
-    close() (killed, or a crash's os._exit) leaves it to end itself within PARENT_CHECK_S. init, if given, runs
-    first in the child."""
+    """Child processes (`workers` of them, forked together by start() or the first call and kept for the next ones)
+    in which `call(fn, *args)` runs fn (the caller's thread waits without the interpreter lock; calls from several
+    threads run side by side, up to `workers` at once). A child that died is not restarted: that call and the later
+    ones run in the caller's process, as without children. close() ends them; a parent that ends without close()
+    (killed, or a crash's os._exit) leaves each to end itself within PARENT_CHECK_S. init, if given, runs first in
+    each child."""
 
-    def __init__(self, init: Callable[[], None] | None = None) -> None:
-        self._init = init
+    def __init__(self, init: Callable[[], None] | None = None, workers: int = 1) -> None:
+        self._init, self._workers = init, workers
         self._pool: ProcessPoolExecutor | None = None
         self._broken = False
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Fork the child now (the fork holds the interpreter lock while the kernel copies this process's page
-        tables: 24 ms on the CPU machine), rather than beside the steps at the first call."""
+        """Fork the children now (each fork holds the interpreter lock while the kernel copies this process's page
+        tables: 24 ms on the CPU machine), rather than beside the steps at the first call. A fork-context executor
+        forks all its workers at its first submission."""
         self._get_pool()
 
     def _get_pool(self) -> ProcessPoolExecutor | None:
         with self._lock:
             if self._pool is None and not self._broken:
-                self._pool = forked_pool(1, self._init)
+                self._pool = forked_pool(self._workers, self._init)
                 self._pool.submit(int)  # the executor forks its worker at the first submission
             return self._pool
 

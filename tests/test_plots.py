@@ -159,3 +159,57 @@ def test_a_child_that_died_leaves_the_drawing_to_the_thread(tmp_path: Path) -> N
     w.train_batch(0, *_batch())
     w.close()
     assert_pictures(tmp_path, ["train_batch0.jpg"])
+
+
+def _curves(nc: int = 2) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = {"recall": np.linspace(0, 1, 101), "precision": rng.random((101, nc)), "conf": np.linspace(0, 1, 200)}
+    return {**out, **{k: rng.random((200, nc)) for k in ("f1", "p", "r")}}
+
+
+def test_the_final_validation_is_drawn_on_several_lanes_at_once(tmp_path: Path, monkeypatch) -> None:
+    # a run's end waits for these pictures: results.png, the curves and the confusion matrices are drawn side by
+    # side. The first drawing of each waits at a barrier of three, which only lanes that run at the same time pass.
+    import threading
+
+    meet = threading.Barrier(3, timeout=20)
+    for name in ("results", "conf_curve", "confusion"):
+        real, first = getattr(figures, name), threading.Event()
+
+        def drawn(*a, _real=real, _first=first, **k):
+            if not _first.is_set():
+                _first.set()
+                meet.wait()
+            return _real(*a, **k)
+
+        monkeypatch.setattr(figures, name, drawn)
+    monkeypatch.setattr(figures, "available", lambda: True)
+    (tmp_path / "results.csv").write_text("epoch,metrics/mAP50(B),train/box_loss\n1,0.5,1.0\n2,0.6,0.9\n")
+    said: list[str] = []
+    boxes = {"images": np.zeros((0, 3)), "gt": np.zeros((0, 6)), "dt": np.zeros((0, 7))}
+    w = PlotWriter(tmp_path, ["a", "b"], "detect", epochs=1, warn=said.append, child=False)
+    w.validation(0, {"map50": 0.5, "curves": _curves(), "boxes": boxes})
+    w.close()
+    assert said == []
+    assert_pictures(tmp_path, ["results.png", "PR_curve.png", "F1_curve.png", "confusion_matrix.png"])
+
+
+def test_a_later_validation_s_pictures_are_never_overwritten_by_an_earlier_one(tmp_path: Path, monkeypatch) -> None:
+    # a picture is drawn on one lane, in the order its validations came: the earlier, slower drawing of PR_curve.png
+    # finishes before the final one starts
+    import time
+
+    written: list[float] = []
+
+    def pr_curve(curves, names, map50, out):
+        time.sleep(0.3 if map50 < 0.5 else 0.0)
+        out.write_text(str(map50))
+        written.append(map50)
+
+    monkeypatch.setattr(figures, "pr_curve", pr_curve)
+    monkeypatch.setattr(figures, "available", lambda: True)
+    w = PlotWriter(tmp_path, ["a", "b"], "detect", epochs=2, child=False, interval_s=0.0)
+    w.validation(0, {"map50": 0.25, "curves": _curves(), "boxes": None})
+    w.validation(1, {"map50": 0.75, "curves": _curves(), "boxes": None})
+    w.close()
+    assert written == [0.25, 0.75] and (tmp_path / "PR_curve.png").read_text() == "0.75"

@@ -85,25 +85,29 @@ def val_samples(result: dict[str, Any], val_dataset: Any, val_batch: int, batche
     return out
 
 
-def detect_job(
-    curves: dict[str, Any] | None,
-    map50: float,
-    boxes: dict[str, np.ndarray] | None,
-    names: list[str],
-    samples: Samples,
-    run_dir: Path,
-    mpl: bool,
-) -> None:
-    """The PR, F1, P and R curves, the confusion matrices (counts and normalised), and val_batchN_labels.jpg /
-    _pred.jpg of the samples (val_samples)."""
-    if mpl and curves is not None:
-        figures.pr_curve(curves, names, map50, run_dir / "PR_curve.png")
-        for key, label, name in (("f1", "F1", "F1_curve"), ("p", "Precision", "P_curve"), ("r", "Recall", "R_curve")):
+CONF_CURVES = {"f1": ("F1_curve", "F1"), "p": ("P_curve", "Precision"), "r": ("R_curve", "Recall")}
+
+
+def curves_job(curves: dict[str, Any], names: list[str], map50: float, run_dir: Path, which: tuple[str, ...]) -> None:
+    """Some of a detector's curves: "pr" (PR_curve.png) and "f1", "p", "r" (F1_curve.png, P_curve.png, R_curve.png),
+    so that the writer's lanes can draw them side by side."""
+    for key in which:
+        if key == "pr":
+            figures.pr_curve(curves, names, map50, run_dir / "PR_curve.png")
+        else:
+            name, label = CONF_CURVES[key]
             figures.conf_curve(curves, names, key, label, run_dir / f"{name}.png")
-    if mpl and boxes is not None:
-        cm = confusion_matrix(boxes["images"], boxes["gt"], boxes["dt"], len(names))
-        figures.confusion(cm, names, False, run_dir / "confusion_matrix.png")
-        figures.confusion(cm, names, True, run_dir / "confusion_matrix_normalized.png")
+
+
+def confusion_job(boxes: dict[str, np.ndarray], names: list[str], run_dir: Path) -> None:
+    """A detector's confusion matrices, counts and normalised (with the background row and column)."""
+    cm = confusion_matrix(boxes["images"], boxes["gt"], boxes["dt"], len(names))
+    figures.confusion(cm, names, False, run_dir / "confusion_matrix.png")
+    figures.confusion(cm, names, True, run_dir / "confusion_matrix_normalized.png")
+
+
+def val_mosaics_job(samples: Samples, names: list[str], run_dir: Path) -> None:
+    """val_batchN_labels.jpg / _pred.jpg of the samples (val_samples)."""
     for b, (imgs, labels, preds) in enumerate(samples):
         write_jpg(mosaic(imgs, labels, names), run_dir / f"val_batch{b}_labels.jpg")
         write_jpg(mosaic(imgs, preds, names), run_dir / f"val_batch{b}_pred.jpg")

@@ -1,9 +1,14 @@
 """PlotWriter: the one object the training loop hands its plot material to, writing every picture of the run
-folder off the loop's path: a thread of its own gathers each job's arrays (it waits on the device copies and reads
-the validation images), and a kept child process, forked at the start (libreyolo/forked.py), draws and encodes. The
+folder off the loop's path: threads of its own gather each job's arrays (they wait on the device copies and read
+the validation images), and kept child processes, forked at the start (libreyolo/forked.py), draw and encode. The
 drawing is matplotlib and numpy code that holds the interpreter lock for most of its time (labels.jpg 0.3-0.8 s,
 results.png and the curves more): on a thread of the training process it would hold up the loop, which needs the
-lock to queue each step. Where fork is not safe (not Linux) or the child died, the thread draws.
+lock to queue each step. Where fork is not safe (not Linux) or the children died, the threads draw.
+
+Jobs go to LANES lanes, each a thread and a queue, which draw side by side in up to LANES children: a run's end
+waits for its final validation's pictures, and one after another they took 1.2-2.7 s of it (docs/performance.md).
+A picture is always drawn on the same lane, so a lane's order is its files' order: an earlier validation's picture
+never overwrites a later one's.
 
 The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of
 the first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with
@@ -15,6 +20,7 @@ are still written and `warn` says which plots are not."""
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -30,7 +36,11 @@ from libreyolo.plots import figures
 from libreyolo.plots import jobs as J
 
 BATCHES = 3  # train_batch0..2.jpg, val_batch0..2_*.jpg
-QUEUE = 16  # jobs waiting at most
+QUEUE = 16  # jobs waiting at most, per lane
+# the lanes, balanced by drawing time (results.png and labels.jpg take the longest, then the curves and the
+# confusion matrices; the mosaics are quick)
+RESULTS, MOSAICS, CURVES, CONFUSION = range(4)
+LANES = 4
 INTERVAL_S = 60.0  # the validation plots at most this often before the final epoch
 MISSING = (
     'plots: matplotlib is not installed (pip install "libreyolo[plots]"): results.png, the PR/F1/P/R curves, the '
@@ -74,20 +84,24 @@ class PlotWriter:
         self._last_val_plot = time.monotonic()  # a run's first plots come after interval_s, or at its end
         self._unplotted: tuple[int, dict[str, Any]] | None = None
         self._mpl = enabled and figures.available()
-        self._queue: queue.Queue[Any] = queue.Queue(QUEUE)
-        self._thread: threading.Thread | None = None
+        self._queues: list[queue.Queue[Any]] = [queue.Queue(QUEUE) for _ in range(LANES)]
+        self._threads: list[threading.Thread] = []
         self._child: KeptChild | None = None
         if not enabled:
             return
         if not self._mpl:
             self.warn(MISSING)
         if can_fork() if child is None else child:
-            self._child = KeptChild(_child_init)
+            # one child per lane where there are CPUs for them (the training process keeps one)
+            self._child = KeptChild(functools.partial(_child_init, self._mpl), workers=min(LANES, os.cpu_count() or 1))
             self._child.start()  # forked now, from this thread and before the loop starts, not at the first job
-        self._thread = threading.Thread(target=self._work, name="libreyolo-plots", daemon=True)
-        self._thread.start()
+        for lane in range(LANES):
+            t = threading.Thread(target=self._work, args=(self._queues[lane],), name=f"libreyolo-plots-{lane}")
+            t.daemon = True
+            t.start()
+            self._threads.append(t)
         if train_labels is not None and self._mpl and task != "classify":  # a classifier's boxes are whole images
-            self._submit(J.labels_job, lambda: (train_labels, self.names, self.run_dir / "labels.jpg"))
+            self._submit(RESULTS, J.labels_job, lambda: (train_labels, self.names, self.run_dir / "labels.jpg"))
 
     # --- what the loop calls ------------------------------------------------------------------------
     def train_batch(self, epoch: int, img: Any, targets: Any, mask: Any) -> None:
@@ -106,7 +120,7 @@ class PlotWriter:
         self._train_left -= 1
         host, ready = J.to_host((img, targets, mask))
         path = self.run_dir / f"train_batch{k}.jpg"
-        self._submit(J.train_batch_job, lambda: (*J.host_arrays(host, ready), self.names, self.task, path))
+        self._submit(MOSAICS, J.train_batch_job, lambda: (*J.host_arrays(host, ready), self.names, self.task, path))
 
     def validation(self, epoch: int, result: dict[str, Any]) -> None:
         """A finished validation's result (the task's validation dict: eval/validator.py, eval/topk.py), after its
@@ -123,22 +137,25 @@ class PlotWriter:
 
     def close(self) -> None:
         """Plot the last validation if it was skipped, let the queued jobs finish, and report what failed."""
-        if self._thread is None:
+        if not self._threads:
             return
         if self._unplotted is not None:
             self._validation_plots(self._unplotted[1])
             self._unplotted = None
         # the jobs ahead of the stop finish first, but a run's end never waits on its pictures for longer than
         # CLOSE_S: a plot thread that is stuck leaves its pictures unwritten, with a warning, and the run ends
-        try:
-            self._queue.put(_STOP, timeout=CLOSE_S)
-        except queue.Full:
-            pass
-        self._thread.join(timeout=CLOSE_S)
-        stuck = self._thread.is_alive()
+        deadline = time.monotonic() + CLOSE_S
+        for q in self._queues:
+            try:
+                q.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Full:
+                pass
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = any(t.is_alive() for t in self._threads)
         if stuck:
-            self.errors.append(f"the plot thread did not finish within {CLOSE_S:g} s; its pictures were left")
-        self._thread = None
+            self.errors.append(f"the plot threads did not finish within {CLOSE_S:g} s; their pictures were left")
+        self._threads = []
         if self._child is not None:
             self._child.close(wait=not stuck)
             self._child = None
@@ -146,40 +163,45 @@ class PlotWriter:
             more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
             self.warn(f"plots: {self.errors[0]}{more}; the run's other files are complete")
         if self.dropped:
-            self.warn(f"plots: {self.dropped} plot job(s) dropped: the plot thread fell behind")
+            self.warn(f"plots: {self.dropped} plot job(s) dropped: the plot threads fell behind")
 
     # --- the thread ---------------------------------------------------------------------------------
     def _validation_plots(self, result: dict[str, Any]) -> None:
         if self._mpl and (self.run_dir / "results.csv").exists():
-            self._submit(figures.results, lambda: (self.run_dir / "results.csv", self.run_dir / "results.png"))
+            self._submit(RESULTS, figures.results, lambda: (self.run_dir / "results.csv", self.run_dir / "results.png"))
         names, run_dir, mpl, data = self.names, self.run_dir, self._mpl, self.val_dataset
         if self.task == "classify":
             if "pred" in result:
                 label, pred = (np.asarray(result[k], np.int64) for k in ("label", "pred"))
                 topk = list(result["topk"])
                 self._submit(
+                    CONFUSION,
                     J.classify_job,
                     lambda: (label, pred, topk, names, J.misclassified(result, names, data), run_dir, mpl),
                 )
             return
         curves, map50, boxes = result.get("curves"), float(result.get("map50", 0.0)), result.get("boxes")
+        if mpl and curves is not None:
+            self._submit(MOSAICS, J.curves_job, lambda: (curves, names, map50, run_dir, ("pr",)))
+            self._submit(CURVES, J.curves_job, lambda: (curves, names, map50, run_dir, ("f1", "p", "r")))
+        if mpl and boxes is not None:
+            self._submit(CONFUSION, J.confusion_job, lambda: (boxes, names, run_dir))
         val_batch = self.val_batch
         self._submit(
-            J.detect_job,
-            lambda: (curves, map50, boxes, names, J.val_samples(result, data, val_batch, BATCHES), run_dir, mpl),
+            MOSAICS, J.val_mosaics_job, lambda: (J.val_samples(result, data, val_batch, BATCHES), names, run_dir)
         )
 
-    def _submit(self, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> None:
-        """fn(*gather()) drawn off the loop: gather runs on the writer's thread (it may wait on the device or read
-        this process's dataset), fn in the child."""
+    def _submit(self, lane: int, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> None:
+        """fn(*gather()) drawn off the loop, after the lane's earlier jobs: gather runs on the lane's thread (it may
+        wait on the device or read this process's dataset), fn in a child."""
         try:
-            self._queue.put_nowait((fn, gather))
+            self._queues[lane].put_nowait((fn, gather))
         except queue.Full:
             self.dropped += 1
 
-    def _work(self) -> None:
+    def _work(self, jobs: queue.Queue[Any]) -> None:
         while True:
-            job = self._queue.get()
+            job = jobs.get()
             if job is _STOP:
                 return
             fn, gather = job
@@ -189,16 +211,17 @@ class PlotWriter:
                 self.errors.append(f"{getattr(fn, '__name__', fn)} failed: {type(e).__name__}: {e}")
 
     def _draw(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        """In the child where there is one (it draws here once the child has died), else here."""
+        """In a child where there are children (here once they have died), else here."""
         if self._child is not None:
             self._child.call(fn, *args)
         else:
             fn(*args)
 
 
-def _child_init() -> None:
-    """The drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
-    lower priority, so that on busy CPUs the training process's threads go first."""
+def _child_init(mpl: bool) -> None:
+    """A drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
+    lower priority, so that on busy CPUs the training process's threads go first; then matplotlib loaded, where the
+    run draws with it (figures.preload)."""
     import cv2
 
     cv2.setNumThreads(0)
@@ -206,3 +229,5 @@ def _child_init() -> None:
         os.nice(10)
     except OSError:  # a sandbox may refuse it
         pass
+    if mpl:
+        figures.preload()
