@@ -79,9 +79,9 @@ class TrainConfig:
     plots: bool = opt(
         True,
         K.boolean,
-        "write the run's pictures, drawn off the training loop (a forked child process): results.png, PR/F1/P/R "
-        "curves, confusion matrices, labels.jpg, training and validation mosaics (docs/quickstart.md); charts need "
-        'pip install "libreyolo[plots]"',
+        "write the run's pictures, drawn off the training loop (forked child processes, side by side): results.png, "
+        "PR/F1/P/R curves, confusion matrices, labels.jpg, training and validation mosaics (docs/quickstart.md); "
+        'charts need pip install "libreyolo[plots]"',
         "run",
     )
     tensorboard: bool = opt(

@@ -71,7 +71,7 @@ class PlotWriter:
         or a rank other than 0): every call returns at once and nothing is written. epochs: the run's epoch count
         (its last validation is always plotted); train_labels: the training split's labels (labels.jpg);
         val_dataset / val_batch: the validation view and its loader's batch size (the validation mosaics reload
-        their images from it); warn: where a one-line warning goes; child: draw in a forked child process (None: where
+        their images from it); warn: where a one-line warning goes; child: draw in forked child processes (None: where
         fork is safe)."""
         self.enabled = enabled
         self.run_dir, self.names, self.task, self.epochs = Path(run_dir), list(names), task, epochs
