@@ -6,7 +6,7 @@ results.png and the curves more): on a thread of the training process it would h
 lock to queue each step. Where fork is not safe (not Linux) or the children died, the threads draw.
 
 Jobs go to LANES lanes, each a thread and a queue, which draw side by side in up to LANES children: a run's end
-waits for its final validation's pictures, and one after another they took 1.2-2.7 s of it (docs/performance.md).
+waits for its final validation's pictures, which one after another take 1.2-2.7 s on an H100 (docs/performance.md).
 A picture is always drawn on the same lane, so a lane's order is its files' order: an earlier validation's picture
 never overwrites a later one's.
 
@@ -92,7 +92,7 @@ class PlotWriter:
         if not self._mpl:
             self.warn(MISSING)
         if can_fork() if child is None else child:
-            # one child per lane where there are CPUs for them (the training process keeps one)
+            # one child per lane, at most one per CPU
             self._child = KeptChild(functools.partial(_child_init, self._mpl), workers=min(LANES, os.cpu_count() or 1))
             self._child.start()  # forked now, from this thread and before the loop starts, not at the first job
         for lane in range(LANES):
