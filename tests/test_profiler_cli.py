@@ -75,6 +75,8 @@ def test_run_repeat_writes_trials_and_stops_without_a_finished_checkpoint(repeat
         events = list(read_events(run / "events.jsonl"))
         assert events[-1]["type"] == "run_end" and events[-1]["status"] == "profiled"
         assert events[0]["config"]["no_aug_epochs"] == 0 and events[0]["config"]["profile"] is True
+        # no pictures drawn beside the window unless asked for (plots=true)
+        assert events[0]["config"]["plots"] is False and not list(run.glob("*.jpg")) + list(run.glob("*.png"))
         kinds = [(e["kind"], e["epoch"], e["step"]) for e in events if e["type"] == "checkpoint"]
         assert kinds == [("last", 0, 0)]  # the start-of-run save only: no epoch-end "finished" checkpoint
         assert (run / "timeline.html").is_file() and (run / "profile_trace.json").is_file()
@@ -193,3 +195,12 @@ def test_cli_errors_name_the_problem(tmp_path, gpu_like, capsys):
     assert "unknown profile command" in capsys.readouterr().err
     assert main(["profile", "run", "shapes", "--steps", "0"]) == 2
     assert "--steps 0" in capsys.readouterr().err
+
+
+def test_a_profile_run_draws_no_pictures_unless_asked_and_never_validates(tmp_path):
+    from libreyolo.cli.profile_run import run_keys
+
+    keys = run_keys({"batch": 8, "val": True}, tmp_path, "p", False)
+    assert keys["plots"] is False and keys["val"] is False and keys["profile"] is True and keys["batch"] == 8
+    assert keys["model"] == "LibreYOLO9t" and keys["project"] == str(tmp_path) and keys["name"] == "p"
+    assert run_keys({"plots": True, "model": "LibreYOLOXs"}, tmp_path, "p", True)["plots"] is True

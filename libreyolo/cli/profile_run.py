@@ -2,7 +2,10 @@
 
 A profile run is an ordinary training run with profile=true, no_aug_epochs=0 (epoch 0 is measured with the
 real augmenting loader) and val=false, that ends with status "profiled" once the window is measured: no
-epoch-end "finished" checkpoint is written for a run that trained 25 steps."""
+epoch-end "finished" checkpoint is written for a run that trained 25 steps. Its pictures are off unless asked for
+(plots=true): the window is a few dozen steps at a run's start, just when the plot writer's children load
+matplotlib and draw labels.jpg and the first batches, CPU work a long run does once (on the 2-core CPU machine two
+such children took 15-25% of a CPU each through a profile trial's first seconds)."""
 
 from __future__ import annotations
 
@@ -47,14 +50,19 @@ class _StopWhenProfiled:
             self.trainer.stop_requested = "profiled"
 
 
+def run_keys(overrides: dict[str, Any], project: Path, name: str, exist_ok: bool) -> dict[str, Any]:
+    """A profile run's training keys: the user's, with PROFILE_RUN_KEYS over them and plots off unless given."""
+    keys = {"plots": False, "model": "LibreYOLO9t", **overrides, **PROFILE_RUN_KEYS}
+    return {**keys, "project": str(project), "name": name, "exist_ok": exist_ok}
+
+
 def profile_once(overrides: dict[str, Any], project: Path, name: str, exist_ok: bool = False) -> dict[str, Any]:
     """Train with profile=true until the window is measured; return the validated profile.json."""
     from libreyolo import LibreYOLO
     from libreyolo.engine.trainer import Trainer
     from libreyolo.profiler import attach
 
-    kwargs = {**overrides, **PROFILE_RUN_KEYS, "project": str(project), "name": name, "exist_ok": exist_ok}
-    kwargs.setdefault("model", "LibreYOLO9t")
+    kwargs = run_keys(overrides, project, name, exist_ok)
     model = LibreYOLO(kwargs["model"], pretrained=kwargs.pop("pretrained", True))
     cfg = TrainConfig.from_overrides(kwargs, family=model.family)
     stop = _StopWhenProfiled()
