@@ -92,8 +92,11 @@ class PlotWriter:
         if not self._mpl:
             self.warn(MISSING)
         if can_fork() if child is None else child:
-            # one child per lane, at most one per CPU
-            self._child = KeptChild(functools.partial(_child_init, self._mpl), workers=min(LANES, os.cpu_count() or 1))
+            # one child per lane, at most one per CPU; they load matplotlib at once only where there are more CPUs
+            # than lanes: on fewer they would compete with the run's start (and a short run, a test's, never gains)
+            cpus = os.cpu_count() or 1
+            init = functools.partial(_child_init, self._mpl and cpus > LANES)
+            self._child = KeptChild(init, workers=min(LANES, cpus))
             self._child.start()  # forked now, from this thread and before the loop starts, not at the first job
         for lane in range(LANES):
             t = threading.Thread(target=self._work, args=(self._queues[lane],), name=f"libreyolo-plots-{lane}")
@@ -218,10 +221,10 @@ class PlotWriter:
             fn(*args)
 
 
-def _child_init(mpl: bool) -> None:
+def _child_init(preload: bool) -> None:
     """A drawing child: OpenCV sequential (its thread pool may hang in a forked process, data/decode.py) and a
-    lower priority, so that on busy CPUs the training process's threads go first; then matplotlib loaded, where the
-    run draws with it (figures.preload)."""
+    lower priority, so that on busy CPUs the training process's threads go first; then matplotlib loaded if asked
+    (figures.preload), else by the child's first chart."""
     import cv2
 
     cv2.setNumThreads(0)
@@ -229,5 +232,5 @@ def _child_init(mpl: bool) -> None:
         os.nice(10)
     except OSError:  # a sandbox may refuse it
         pass
-    if mpl:
+    if preload:
         figures.preload()
