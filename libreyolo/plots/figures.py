@@ -24,13 +24,12 @@ def available() -> bool:
 
 
 def preload() -> None:
-    """Import matplotlib and draw one small figure with text (its fonts load then): run at a drawing child's start,
-    where there is matplotlib, since a run's end would otherwise wait for the first picture of each child to pay it
-    (0.3-1 s on the CPU machine)."""
-    if available():
-        fig = _figure(1, 1, tight=False)
-        fig.add_subplot(1, 1, 1).set_title("0")
-        fig.canvas.draw()
+    """Import matplotlib and draw one small figure with text (its fonts load then): run at a drawing child's start
+    where the writer found matplotlib (available()), since a run's end would otherwise wait for the first picture of
+    each child to pay it (0.3-1 s on the CPU machine)."""
+    fig = _figure(1, 1, tight=False)
+    fig.add_subplot(1, 1, 1).set_title("0")
+    fig.canvas.draw()
 
 
 def _figure(w: float, h: float, tight: bool = True) -> Any:

@@ -99,8 +99,9 @@ class PlotWriter:
             self._child = KeptChild(init, workers=min(LANES, cpus))
             self._child.start()  # forked now, from this thread and before the loop starts, not at the first job
         for lane in range(LANES):
-            t = threading.Thread(target=self._work, args=(self._queues[lane],), name=f"libreyolo-plots-{lane}")
-            t.daemon = True
+            t = threading.Thread(
+                target=self._work, args=(self._queues[lane],), name=f"libreyolo-plots-{lane}", daemon=True
+            )
             t.start()
             self._threads.append(t)
         if train_labels is not None and self._mpl and task != "classify":  # a classifier's boxes are whole images
