@@ -213,3 +213,24 @@ def test_a_later_validation_s_pictures_are_never_overwritten_by_an_earlier_one(t
     w.validation(1, {"map50": 0.75, "curves": _curves(), "boxes": None})
     w.close()
     assert written == [0.25, 0.75] and (tmp_path / "PR_curve.png").read_text() == "0.75"
+
+
+def test_the_validation_labels_are_drawn_at_the_first_validation_and_the_end_draws_only_predictions(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # val_batchN_labels.jpg is the same at every validation: drawn once, at the first, even where that validation's
+    # other plots are skipped (interval_s), so that a run's end, which waits for its pictures, draws fewer
+    from libreyolo.plots import jobs
+
+    drawn: list[tuple[int, tuple[str, ...]]] = []  # (the validation's epoch, what was drawn)
+    monkeypatch.setattr(
+        jobs, "val_mosaics_job", lambda samples, names, run_dir, kinds: drawn.append((samples[0], kinds))
+    )
+    monkeypatch.setattr(jobs, "val_samples", lambda result, data, batch, batches: [result["epoch"]])
+    for epochs in (3, 1):
+        drawn.clear()
+        w = PlotWriter(tmp_path, ["a"], "detect", epochs=epochs, child=False, interval_s=3600.0, val_dataset=object())
+        for epoch in range(epochs):
+            w.validation(epoch, {"map50": 0.0, "curves": None, "boxes": None, "epoch": epoch})
+        w.close()
+        assert drawn == [(0, ("labels",)), (epochs - 1, ("pred",))], (epochs, drawn)

@@ -106,11 +106,12 @@ def confusion_job(boxes: dict[str, np.ndarray], names: list[str], run_dir: Path)
     figures.confusion(cm, names, True, run_dir / "confusion_matrix_normalized.png")
 
 
-def val_mosaics_job(samples: Samples, names: list[str], run_dir: Path) -> None:
-    """val_batchN_labels.jpg / _pred.jpg of the samples (val_samples)."""
+def val_mosaics_job(samples: Samples, names: list[str], run_dir: Path, kinds: tuple[str, ...]) -> None:
+    """val_batchN_labels.jpg and / or val_batchN_pred.jpg (kinds "labels", "pred") of the samples (val_samples)."""
     for b, (imgs, labels, preds) in enumerate(samples):
-        write_jpg(mosaic(imgs, labels, names), run_dir / f"val_batch{b}_labels.jpg")
-        write_jpg(mosaic(imgs, preds, names), run_dir / f"val_batch{b}_pred.jpg")
+        for kind, rows in (("labels", labels), ("pred", preds)):
+            if kind in kinds:
+                write_jpg(mosaic(imgs, rows, names), run_dir / f"val_batch{b}_{kind}.jpg")
 
 
 def misclassified(result: dict[str, Any], names: list[str], val_dataset: Any) -> tuple[list[np.ndarray], list[str]]:

@@ -83,6 +83,7 @@ class PlotWriter:
         self._first_epoch: int | None = None
         self._last_val_plot = time.monotonic()  # a run's first plots come after interval_s, or at its end
         self._unplotted: tuple[int, dict[str, Any]] | None = None
+        self._val_labels = False  # val_batchN_labels.jpg submitted
         self._mpl = enabled and figures.available()
         self._queues: list[queue.Queue[Any]] = [queue.Queue(QUEUE) for _ in range(LANES)]
         self._threads: list[threading.Thread] = []
@@ -133,6 +134,10 @@ class PlotWriter:
             return
         final = self.epochs is not None and epoch >= self.epochs - 1
         now = time.monotonic()
+        if not self._val_labels and self.task != "classify":
+            # the validation images' labels are the same at every validation: drawn at the first one, so that the
+            # run's end draws only the predictions (a run of under interval_s plots nothing else before its end)
+            self._val_labels = self._submit(MOSAICS, *self._val_mosaics(result, ("labels",)))
         if final or now - self._last_val_plot >= self.interval_s:
             self._last_val_plot, self._unplotted = now, None
             self._validation_plots(result)
@@ -190,18 +195,22 @@ class PlotWriter:
             self._submit(CURVES, J.curves_job, lambda: (curves, names, map50, run_dir, ("f1", "p", "r")))
         if mpl and boxes is not None:
             self._submit(CONFUSION, J.confusion_job, lambda: (boxes, names, run_dir))
-        val_batch = self.val_batch
-        self._submit(
-            MOSAICS, J.val_mosaics_job, lambda: (J.val_samples(result, data, val_batch, BATCHES), names, run_dir)
-        )
+        self._submit(MOSAICS, *self._val_mosaics(result, ("pred",) if self._val_labels else ("labels", "pred")))
 
-    def _submit(self, lane: int, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> None:
+    def _val_mosaics(self, result: dict[str, Any], kinds: tuple[str, ...]) -> tuple[Callable[..., None], Any]:
+        names, run_dir, data, val_batch = self.names, self.run_dir, self.val_dataset, self.val_batch
+        return J.val_mosaics_job, lambda: (J.val_samples(result, data, val_batch, BATCHES), names, run_dir, kinds)
+
+    def _submit(self, lane: int, fn: Callable[..., None], gather: Callable[[], tuple[Any, ...]]) -> bool:
         """fn(*gather()) drawn off the loop, after the lane's earlier jobs: gather runs on the lane's thread (it may
-        wait on the device or read this process's dataset), fn in a child."""
+        wait on the device or read this process's dataset), fn in a child. -> False where the lane's queue was full
+        (the job is dropped)."""
         try:
             self._queues[lane].put_nowait((fn, gather))
         except queue.Full:
             self.dropped += 1
+            return False
+        return True
 
     def _work(self, jobs: queue.Queue[Any]) -> None:
         while True:
