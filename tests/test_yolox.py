@@ -396,7 +396,9 @@ def test_family_keys_and_defaults():
         5,
         15,
     )
-    assert (cfg.degrees, cfg.shear, *map(cfg.get, ("obj", "cls", "l1", "box"))) == (10.0, 2.0, 1.0, 1.0, 2.0, 4.0)
+    # no rotation or shear by default: YOLOX's recipe applies them only in mosaic epochs, and a short run has none
+    # (rotated and sheared, YOLOX-s reached 80% of LibreYOLO9s' mAP50-95 on a dense set, 97% without; docs/families.md)
+    assert (cfg.degrees, cfg.shear, *map(cfg.get, ("obj", "cls", "l1", "box"))) == (0.0, 0.0, 1.0, 1.0, 2.0, 4.0)
     assert fam.loss(YOLOX("n", 3), cfg).gains == (4.0, 1.0, 1.0, 2.0)
     with pytest.raises(Exception, match="obj is a key of the yolox family"):
         TrainConfig.from_overrides({"model": "LibreYOLO9t", "obj": 2})
