@@ -65,8 +65,11 @@ def results(csv_path: Path, out: Path) -> None:
         ax = fig.add_subplot(nrow, ncol, k + 1)
         y = [float(r[c]) if r.get(c) not in (None, "") else np.nan for r in rows]
         ax.plot(x, y, marker="o", markersize=3, linewidth=1.5)
-        ax.set_title(c, fontsize=9)
+        # a fixed place, high enough for an axis's 1e-5 multiplier: placing it measures every tick label (a quarter of
+        # the drawing time)
+        ax.set_title(c, fontsize=9, y=1.0, pad=12)
         ax.tick_params(labelsize=7)
+        ax.locator_params(nbins=4)  # half the ticks: making them is most of the rest
     save(fig, out)
 
 
@@ -116,7 +119,7 @@ def _axes(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
     ax.set_ylim(0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, y=1.0)  # a fixed place (nothing sits above the axes): placing it measures the tick labels
     ax.legend(loc="best", fontsize=7)
     ax.grid(alpha=0.3)
 
@@ -150,7 +153,7 @@ def confusion(cm: np.ndarray, names: list[str], normalize: bool, out: Path, back
                     ax.text(j, i, text, ha="center", va="center", fontsize=7, color=color)
     ax.set_xlabel("Predicted")
     ax.set_ylabel("True")
-    ax.set_title("Confusion matrix" + (" (normalised by true class)" if normalize else ""))
+    ax.set_title("Confusion matrix" + (" (normalised by true class)" if normalize else ""), y=1.0)
     save(fig, out)
 
 
