@@ -135,15 +135,16 @@ class PlotWriter:
             return
         final = self.epochs is not None and epoch >= self.epochs - 1
         now = time.monotonic()
-        if not self._val_labels and self.task != "classify":
-            # the validation images' labels are the same at every validation: drawn at the first one, so that the
-            # run's end draws only the predictions (a run of under interval_s plots nothing else before its end)
-            self._val_labels = self._submit(MOSAICS, *self._val_mosaics(result, ("labels",)))
         if final or now - self._last_val_plot >= self.interval_s:
             self._last_val_plot, self._unplotted = now, None
             self._validation_plots(result)
         else:
             self._unplotted = (epoch, result)
+            if not self._val_labels and self.task != "classify":
+                # the validation images' labels are the same at every validation: drawn at the first one even when
+                # its other plots are skipped, so that the run's end draws only the predictions (a run of under
+                # interval_s plots nothing else before its end)
+                self._val_labels = self._submit(MOSAICS, *self._val_mosaics(result, ("labels",)))
 
     def close(self) -> None:
         """Plot the last validation if it was skipped, let the queued jobs finish, and report what failed."""
@@ -196,7 +197,8 @@ class PlotWriter:
             self._submit(CURVES, J.curves_job, lambda: (curves, names, map50, run_dir, ("f1", "p", "r")))
         if mpl and boxes is not None:
             self._submit(CONFUSION, J.confusion_job, lambda: (boxes, names, run_dir))
-        self._submit(MOSAICS, *self._val_mosaics(result, ("pred",) if self._val_labels else ("labels", "pred")))
+        kinds = ("pred",) if self._val_labels else ("labels", "pred")
+        self._val_labels = self._submit(MOSAICS, *self._val_mosaics(result, kinds)) or self._val_labels
 
     def _val_mosaics(self, result: dict[str, Any], kinds: tuple[str, ...]) -> tuple[Callable[..., None], Any]:
         names, run_dir, data, val_batch = self.names, self.run_dir, self.val_dataset, self.val_batch
