@@ -10,14 +10,13 @@ waits for its final validation's pictures, which one after another take 1.2-2.7 
 A picture is always drawn on the same lane, so a lane's order is its files' order: an earlier validation's picture
 never overwrites a later one's.
 
-The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of
-the first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with
-each finished validation's result (results.png, the curves, the confusion matrices and the predictions' mosaics: at
-the final epoch, and before it at most once every `interval_s` seconds, the last skipped one at close(); the labels'
-mosaics, the same at every validation, at the first). Jobs
-wait in a bounded queue: a job that finds it full is dropped, never waited for. A job that fails is reported once at
-close(), through `warn`; the run goes on. matplotlib is optional (the `plots` extra): without it the image mosaics
-are still written and `warn` says which plots are not."""
+The loop calls it at two places: `train_batch` with each batch as it goes to the device (it keeps a host copy of the
+first BATCHES batches of the run's first epoch, and returns at once for every other one), and `validation` with each
+finished validation's result (results.png, the curves, the confusion matrices and the predictions' mosaics: at the
+final epoch, and before it at most once every `interval_s` seconds, the last skipped one at close(); the labels'
+mosaics, the same at every validation, at the first). Jobs wait in a bounded queue: a job that finds it full is
+dropped, never waited for. A job that fails is reported once at close(), through `warn`; the run goes on. matplotlib
+is optional (the `plots` extra): without it the image mosaics are still written and `warn` says which plots are not."""
 
 from __future__ import annotations
 
